@@ -1,0 +1,667 @@
+"""bayesattn: a decoder-only transformer with every backward pass derived by hand.
+
+Notation (fixed for the whole module)
+    B  batch size            T  sequence length        C  model width (d_model)
+    NH number of heads       hs head size = C // NH    M  MLP width (d_mlp)
+    V  input vocabulary      K  output classes         L  number of layers
+
+Gradient convention: every `*_backward` returns FRESH arrays (nothing is
+accumulated into buffers). `backward` returns a dict with the same keys as the
+parameters.
+
+Every op is a pair `x_forward(...) -> (out, cache)` / `x_backward(dout, cache)`.
+The hot loops (attention, softmax, LayerNorm, GELU, softmax + cross-entropy)
+are Numba kernels named `*_kernel`; beside each one is a plain NumPy reference
+named `*_ref`, and the test suite checks that the two agree.
+Matrix products stay in NumPy (BLAS).
+
+The attention backward is written as the papers' E-step and M-step
+(shared/PAPERS.md, "The gradient equations"):
+    b_ij   = u_i . v_j                    (u = dL/d head output)
+    b_bar_i = sum_j alpha_ij b_ij
+    ds_ij  = alpha_ij (b_ij - b_bar_i)     E-step: advantage routing law
+    dv_j   = sum_i alpha_ij u_i            M-step: responsibility-weighted value update
+    dq_i   = sum_j ds_ij k_j / sqrt(hs),   dk_j = sum_i ds_ij q_i / sqrt(hs)
+"""
+
+import math
+import os
+from dataclasses import dataclass, asdict
+
+# Numba's worker threads and OpenBLAS's worker threads both spin while waiting; on a
+# 2-core machine they fight and a training step runs about 3x slower. The matrix
+# products here are small, so BLAS gets one thread and Numba gets the cores.
+# (Takes effect only when this module is imported before NumPy; set it yourself otherwise.)
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
+from numba import njit, prange  # noqa: E402
+
+LN_EPS = 1e-5
+GELU_C = math.sqrt(2.0 / math.pi)  # tanh-approximation constant of GELU
+
+
+# ----------------------------------------------------------------------------
+# configuration
+
+@dataclass
+class Config:
+    vocab_size: int            # V, input tokens
+    n_classes: int             # K, output classes (may differ from V)
+    max_len: int = 64          # longest sequence the learned positions cover
+    d_model: int = 64          # C
+    n_layers: int = 4          # L
+    n_heads: int = 4           # NH
+    d_mlp: int = 0             # M; 0 means 4 * d_model
+    pos: str = "learned"       # "learned" or "sinusoidal"
+    dtype: str = "float32"     # "float32" for training, "float64" for checks
+
+    def __post_init__(self):
+        for name in ("vocab_size", "n_classes", "max_len", "d_model", "n_layers", "n_heads"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"{name}={value!r}: must be a positive integer")
+        if self.d_model % self.n_heads != 0:
+            raise ValueError(f"n_heads={self.n_heads} does not divide d_model={self.d_model}: "
+                             f"allowed are divisors of {self.d_model}")
+        if self.d_mlp == 0:
+            self.d_mlp = 4 * self.d_model
+        if self.d_mlp < 1:
+            raise ValueError(f"d_mlp={self.d_mlp!r}: must be a positive integer (or 0 for 4*d_model)")
+        if self.pos not in ("learned", "sinusoidal"):
+            raise ValueError(f"pos={self.pos!r}: allowed are 'learned', 'sinusoidal'")
+        if self.dtype not in ("float32", "float64"):
+            raise ValueError(f"dtype={self.dtype!r}: allowed are 'float32', 'float64'")
+
+    def to_dict(self):
+        return asdict(self)
+
+
+def init_params(cfg, seed=0):
+    """GPT-2-style initialisation: N(0, 0.02), residual projections scaled by 1/sqrt(2L)."""
+    rng = np.random.default_rng(seed)
+    C, M, L = cfg.d_model, cfg.d_mlp, cfg.n_layers
+    std, std_res = 0.02, 0.02 / math.sqrt(2 * L)
+    p = {"wte": rng.normal(0, std, (cfg.vocab_size, C))}
+    if cfg.pos == "learned":
+        p["wpe"] = rng.normal(0, std, (cfg.max_len, C))
+    for l in range(L):
+        pre = f"blocks.{l}."
+        p[pre + "ln1.g"], p[pre + "ln1.b"] = np.ones(C), np.zeros(C)
+        for name in ("q", "k", "v"):
+            p[pre + f"attn.w{name}"] = rng.normal(0, std, (C, C))
+            p[pre + f"attn.b{name}"] = np.zeros(C)
+        p[pre + "attn.wo"], p[pre + "attn.bo"] = rng.normal(0, std_res, (C, C)), np.zeros(C)
+        p[pre + "ln2.g"], p[pre + "ln2.b"] = np.ones(C), np.zeros(C)
+        p[pre + "mlp.w1"], p[pre + "mlp.b1"] = rng.normal(0, std, (C, M)), np.zeros(M)
+        p[pre + "mlp.w2"], p[pre + "mlp.b2"] = rng.normal(0, std_res, (M, C)), np.zeros(C)
+    p["lnf.g"], p["lnf.b"] = np.ones(C), np.zeros(C)
+    p["unembed.w"], p["unembed.b"] = rng.normal(0, std, (C, cfg.n_classes)), np.zeros(cfg.n_classes)
+    return {k: v.astype(cfg.dtype) for k, v in p.items()}
+
+
+def sinusoidal_positions(T, C, dtype="float64"):
+    """Fixed sinusoidal table (T, C): sin on even channels, cos on odd (Vaswani et al.)."""
+    pos = np.arange(T)[:, None]                                  # (T, 1)
+    freq = np.exp(-math.log(10000.0) * (np.arange(0, C, 2) / C))  # (ceil(C/2),)
+    table = np.zeros((T, C))
+    table[:, 0::2] = np.sin(pos * freq)
+    table[:, 1::2] = np.cos(pos * freq[: C // 2])
+    return table.astype(dtype)
+
+
+# ----------------------------------------------------------------------------
+# embedding
+
+def embedding_forward(wte, wpe, tokens):
+    """tokens (B, T) int -> x (B, T, C) = wte[tokens] + wpe[:T]; wpe is a table (T', C)."""
+    T = tokens.shape[1]
+    return wte[tokens] + wpe[None, :T], tokens
+
+
+def embedding_backward(dx, tokens, V):
+    """dx (B, T, C) -> dwte (V, C), dwpe (T, C). Rows that share a token add up."""
+    C = dx.shape[-1]
+    dwte = np.zeros((V, C), dtype=dx.dtype)
+    np.add.at(dwte, tokens.reshape(-1), dx.reshape(-1, C))
+    dwpe = dx.sum(axis=0)                                        # (T, C)
+    return dwte, dwpe
+
+
+# ----------------------------------------------------------------------------
+# linear layer (BLAS)
+
+def linear_forward(x, w, b):
+    """x (..., Cin), w (Cin, Cout), b (Cout,) -> (..., Cout)."""
+    return x @ w + b, x
+
+
+def linear_backward(dout, x, w):
+    """Forward was out = x @ w + b, so dx = dout @ w^T, dw = x^T dout, db = sum dout."""
+    Cin, Cout = w.shape
+    dx = dout @ w.T
+    x2, d2 = x.reshape(-1, Cin), dout.reshape(-1, Cout)
+    return dx, x2.T @ d2, d2.sum(axis=0)
+
+
+# ----------------------------------------------------------------------------
+# LayerNorm:  y = g * (x - mean) * rstd + b,   rstd = 1 / sqrt(var + eps)
+
+def layernorm_forward_ref(x, g, b):
+    """x (N, C) -> y (N, C), mean (N,), rstd (N,)."""
+    mean = x.mean(axis=-1)
+    var = ((x - mean[:, None]) ** 2).mean(axis=-1)
+    rstd = 1.0 / np.sqrt(var + LN_EPS)
+    xhat = (x - mean[:, None]) * rstd[:, None]
+    return (xhat * g + b).astype(x.dtype), mean.astype(x.dtype), rstd.astype(x.dtype)
+
+
+def layernorm_backward_ref(dy, x, mean, rstd, g):
+    """Returns dx (N, C). With xhat the normalised input and dxhat = dy * g:
+    dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))."""
+    xhat = (x - mean[:, None]) * rstd[:, None]
+    dxhat = dy * g
+    dx = rstd[:, None] * (dxhat - dxhat.mean(-1, keepdims=True)
+                          - xhat * (dxhat * xhat).mean(-1, keepdims=True))
+    return dx.astype(x.dtype)
+
+
+@njit(cache=True, parallel=True)
+def layernorm_forward_kernel(x, g, b, eps):
+    """Numba twin of layernorm_forward_ref; one row per parallel iteration."""
+    N, C = x.shape
+    y = np.empty_like(x)
+    mean = np.empty(N, dtype=x.dtype)
+    rstd = np.empty(N, dtype=x.dtype)
+    for n in prange(N):
+        m = 0.0
+        for c in range(C):
+            m += x[n, c]
+        m /= C
+        v = 0.0
+        for c in range(C):
+            d = x[n, c] - m
+            v += d * d
+        r = 1.0 / math.sqrt(v / C + eps)
+        for c in range(C):
+            y[n, c] = (x[n, c] - m) * r * g[c] + b[c]
+        mean[n] = m
+        rstd[n] = r
+    return y, mean, rstd
+
+
+@njit(cache=True, parallel=True)
+def layernorm_backward_kernel(dy, x, mean, rstd, g):
+    """Numba twin of layernorm_backward_ref (dx only; dg, db are sums done in NumPy)."""
+    N, C = x.shape
+    dx = np.empty_like(x)
+    for n in prange(N):
+        m, r = mean[n], rstd[n]
+        s1 = 0.0  # sum_c dxhat
+        s2 = 0.0  # sum_c dxhat * xhat
+        for c in range(C):
+            dxhat = dy[n, c] * g[c]
+            s1 += dxhat
+            s2 += dxhat * (x[n, c] - m) * r
+        s1 /= C
+        s2 /= C
+        for c in range(C):
+            xhat = (x[n, c] - m) * r
+            dx[n, c] = r * (dy[n, c] * g[c] - s1 - xhat * s2)
+    return dx
+
+
+def layernorm_forward(x, g, b):
+    """x (..., C) -> y (..., C), cache."""
+    shape = x.shape
+    x2 = np.ascontiguousarray(x.reshape(-1, shape[-1]))
+    y, mean, rstd = layernorm_forward_kernel(x2, g, b, LN_EPS)
+    return y.reshape(shape), (x2, mean, rstd, g, shape)
+
+
+def layernorm_backward(dy, cache):
+    """-> dx (..., C), dg (C,), db (C,)."""
+    x2, mean, rstd, g, shape = cache
+    dy2 = np.ascontiguousarray(dy.reshape(-1, shape[-1]))
+    dx = layernorm_backward_kernel(dy2, x2, mean, rstd, g)
+    xhat = (x2 - mean[:, None]) * rstd[:, None]
+    return dx.reshape(shape), (dy2 * xhat).sum(axis=0), dy2.sum(axis=0)
+
+
+# ----------------------------------------------------------------------------
+# GELU (tanh approximation):  y = 0.5 x (1 + tanh(c (x + 0.044715 x^3)))
+
+def gelu_forward_ref(x):
+    return 0.5 * x * (1.0 + np.tanh(GELU_C * (x + 0.044715 * x ** 3)))
+
+
+def gelu_backward_ref(dy, x):
+    """dy/dx = 0.5 (1 + tanh z) + 0.5 x (1 - tanh^2 z) c (1 + 3 * 0.044715 x^2)."""
+    z = GELU_C * (x + 0.044715 * x ** 3)
+    t = np.tanh(z)
+    dz = GELU_C * (1.0 + 3 * 0.044715 * x ** 2)
+    return dy * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * dz)
+
+
+@njit(cache=True, parallel=True)
+def gelu_forward_kernel(x):
+    """x (N, M) -> y (N, M); Numba twin of gelu_forward_ref."""
+    N, M = x.shape
+    y = np.empty_like(x)
+    for n in prange(N):
+        for m in range(M):
+            xi = x[n, m]
+            y[n, m] = 0.5 * xi * (1.0 + math.tanh(GELU_C * (xi + 0.044715 * xi * xi * xi)))
+    return y
+
+
+@njit(cache=True, parallel=True)
+def gelu_backward_kernel(dy, x):
+    """Numba twin of gelu_backward_ref."""
+    N, M = x.shape
+    dx = np.empty_like(x)
+    for n in prange(N):
+        for m in range(M):
+            xi = x[n, m]
+            t = math.tanh(GELU_C * (xi + 0.044715 * xi * xi * xi))
+            dz = GELU_C * (1.0 + 3 * 0.044715 * xi * xi)
+            dx[n, m] = dy[n, m] * (0.5 * (1.0 + t) + 0.5 * xi * (1.0 - t * t) * dz)
+    return dx
+
+
+def gelu_forward(x):
+    shape = x.shape
+    x2 = np.ascontiguousarray(x.reshape(-1, shape[-1]))
+    return gelu_forward_kernel(x2).reshape(shape), x2
+
+
+def gelu_backward(dy, x2):
+    dy2 = np.ascontiguousarray(dy.reshape(x2.shape))
+    return gelu_backward_kernel(dy2, x2).reshape(dy.shape)
+
+
+# ----------------------------------------------------------------------------
+# softmax (last axis), stable: subtract the row maximum
+
+def softmax_ref(s):
+    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+@njit(cache=True, parallel=True)
+def softmax_kernel(s):
+    """s (N, K) -> rows of probabilities; Numba twin of softmax_ref."""
+    N, K = s.shape
+    p = np.empty_like(s)
+    for n in prange(N):
+        mx = s[n, 0]
+        for k in range(1, K):
+            mx = max(mx, s[n, k])
+        z = 0.0
+        for k in range(K):
+            e = math.exp(s[n, k] - mx)
+            p[n, k] = e
+            z += e
+        for k in range(K):
+            p[n, k] /= z
+    return p
+
+
+# ----------------------------------------------------------------------------
+# causal multi-head attention core, per (batch, head):
+#   s_ij = q_i . k_j / sqrt(hs)  (j <= i),  alpha_ij = softmax_j s_ij,  o_i = sum_j alpha_ij v_j
+
+def attention_forward_ref(q, k, v):
+    """q, k, v (B, NH, T, hs) -> o (B, NH, T, hs), alpha (B, NH, T, T) (zero above the diagonal)."""
+    T, hs = q.shape[-2], q.shape[-1]
+    s = q @ np.swapaxes(k, -1, -2) / math.sqrt(hs)                # (B, NH, T, T)
+    causal = np.tril(np.ones((T, T), dtype=bool))
+    s = np.where(causal, s, -np.inf)
+    alpha = softmax_ref(s)                                         # (B, NH, T, T)
+    return alpha @ v, alpha
+
+
+def attention_backward_ref(u, alpha, q, k, v):
+    """u = dL/do (B, NH, T, hs) -> dq, dk, dv; the E-step and M-step in NumPy."""
+    hs = q.shape[-1]
+    b = u @ np.swapaxes(v, -1, -2)                                 # (B, NH, T, T)  b_ij = u_i . v_j
+    b_bar = (alpha * b).sum(axis=-1, keepdims=True)                # (B, NH, T, 1)  b_bar_i = sum_j alpha_ij b_ij
+    ds = alpha * (b - b_bar)                                       # E-step: advantage routing law
+    dv = np.swapaxes(alpha, -1, -2) @ u                            # M-step: dv_j = sum_i alpha_ij u_i
+    dq = ds @ k / math.sqrt(hs)                                    # dq_i = sum_j ds_ij k_j / sqrt(hs)
+    dk = np.swapaxes(ds, -1, -2) @ q / math.sqrt(hs)               # dk_j = sum_i ds_ij q_i / sqrt(hs)
+    return dq, dk, dv
+
+
+@njit(cache=True, parallel=True)
+def attention_forward_kernel(q, k, v):
+    """Numba twin of attention_forward_ref; one (batch, head) per parallel iteration."""
+    B, NH, T, hs = q.shape
+    o = np.zeros_like(q)
+    alpha = np.zeros((B, NH, T, T), dtype=q.dtype)
+    scale = 1.0 / math.sqrt(hs)
+    for bh in prange(B * NH):
+        bb, h = bh // NH, bh % NH
+        for i in range(T):
+            # scores s_ij for j <= i, and their maximum for a stable softmax
+            mx = -np.inf
+            for j in range(i + 1):
+                s = 0.0
+                for c in range(hs):
+                    s += q[bb, h, i, c] * k[bb, h, j, c]
+                s *= scale
+                alpha[bb, h, i, j] = s
+                mx = max(mx, s)
+            z = 0.0
+            for j in range(i + 1):
+                e = math.exp(alpha[bb, h, i, j] - mx)
+                alpha[bb, h, i, j] = e
+                z += e
+            for j in range(i + 1):
+                a = alpha[bb, h, i, j] / z
+                alpha[bb, h, i, j] = a                      # alpha_ij
+                for c in range(hs):
+                    o[bb, h, i, c] += a * v[bb, h, j, c]    # o_i = sum_j alpha_ij v_j
+    return o, alpha
+
+
+@njit(cache=True, parallel=True)
+def attention_backward_kernel(u, alpha, q, k, v):
+    """Numba twin of attention_backward_ref. Each (batch, head) owns its dq, dk, dv."""
+    B, NH, T, hs = q.shape
+    dq = np.zeros_like(q)
+    dk = np.zeros_like(k)
+    dv = np.zeros_like(v)
+    scale = 1.0 / math.sqrt(hs)
+    for bh in prange(B * NH):
+        bb, h = bh // NH, bh % NH
+        b = np.empty(T, dtype=np.float64)
+        for i in range(T):
+            # b_ij = u_i . v_j and b_bar_i = sum_j alpha_ij b_ij
+            b_bar = 0.0
+            for j in range(i + 1):
+                bij = 0.0
+                for c in range(hs):
+                    bij += u[bb, h, i, c] * v[bb, h, j, c]
+                b[j] = bij
+                b_bar += alpha[bb, h, i, j] * bij
+            for j in range(i + 1):
+                a = alpha[bb, h, i, j]
+                ds = a * (b[j] - b_bar)                     # E-step: advantage routing law
+                for c in range(hs):
+                    dv[bb, h, j, c] += a * u[bb, h, i, c]   # M-step: dv_j += alpha_ij u_i
+                    dq[bb, h, i, c] += ds * k[bb, h, j, c] * scale   # dq_i += ds_ij k_j / sqrt(hs)
+                    dk[bb, h, j, c] += ds * q[bb, h, i, c] * scale   # dk_j += ds_ij q_i / sqrt(hs)
+    return dq, dk, dv
+
+
+def split_heads(x, NH):
+    """(B, T, C) -> (B, NH, T, hs), contiguous."""
+    B, T, C = x.shape
+    return np.ascontiguousarray(x.reshape(B, T, NH, C // NH).transpose(0, 2, 1, 3))
+
+
+def merge_heads(x):
+    """(B, NH, T, hs) -> (B, T, C)."""
+    B, NH, T, hs = x.shape
+    return x.transpose(0, 2, 1, 3).reshape(B, T, NH * hs)
+
+
+# ----------------------------------------------------------------------------
+# softmax + cross-entropy at supervised positions, loss in nats
+#   loss = sum_n w_n * (-sum_k p_nk log softmax(z_n)_k) / sum_n w_n
+#   dz_n = w_n * (softmax(z_n) * sum_k p_nk - p_n) / sum_n w_n
+
+def cross_entropy_ref(logits, targets, weights):
+    """logits (N, K); targets (N,) ints or (N, K) probabilities; weights (N,) -> loss, dlogits."""
+    K = logits.shape[-1]
+    if targets.ndim == 1:
+        targets = np.eye(K, dtype=logits.dtype)[targets]
+    z = logits - logits.max(axis=-1, keepdims=True)
+    logp = z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+    wsum = max(float(weights.sum()), 1e-12)
+    loss = -(weights[:, None] * targets * logp).sum() / wsum
+    dlogits = weights[:, None] * (np.exp(logp) * targets.sum(-1, keepdims=True) - targets) / wsum
+    return float(loss), dlogits.astype(logits.dtype)
+
+
+@njit(cache=True, parallel=True)
+def cross_entropy_kernel(logits, targets, weights, wsum):
+    """Soft-target Numba twin of cross_entropy_ref; returns per-row loss (N,) and dlogits."""
+    N, K = logits.shape
+    rows = np.zeros(N)
+    dlogits = np.zeros_like(logits)
+    for n in prange(N):
+        if weights[n] == 0.0:
+            continue
+        mx = logits[n, 0]
+        for k in range(1, K):
+            mx = max(mx, logits[n, k])
+        z = 0.0
+        for k in range(K):
+            z += math.exp(logits[n, k] - mx)
+        logz = math.log(z) + mx
+        ptot = 0.0
+        loss = 0.0
+        for k in range(K):
+            ptot += targets[n, k]
+            if targets[n, k] != 0.0:
+                loss -= targets[n, k] * (logits[n, k] - logz)
+        rows[n] = weights[n] * loss / wsum
+        for k in range(K):
+            q = math.exp(logits[n, k] - logz)
+            dlogits[n, k] = weights[n] * (q * ptot - targets[n, k]) / wsum
+    return rows, dlogits
+
+
+@njit(cache=True, parallel=True)
+def cross_entropy_hard_kernel(logits, targets, weights, wsum):
+    """Hard-target (class index) version: p is one-hot, so loss_n = logsumexp(z_n) - z_n[y_n]."""
+    N, K = logits.shape
+    rows = np.zeros(N)
+    dlogits = np.zeros_like(logits)
+    for n in prange(N):
+        if weights[n] == 0.0:
+            continue
+        mx = logits[n, 0]
+        for k in range(1, K):
+            mx = max(mx, logits[n, k])
+        z = 0.0
+        for k in range(K):
+            z += math.exp(logits[n, k] - mx)
+        logz = math.log(z) + mx
+        rows[n] = weights[n] * (logz - logits[n, targets[n]]) / wsum
+        for k in range(K):
+            dlogits[n, k] = weights[n] * math.exp(logits[n, k] - logz) / wsum
+        dlogits[n, targets[n]] -= weights[n] / wsum
+    return rows, dlogits
+
+
+def cross_entropy(logits, targets, mask):
+    """logits (B, T, K); targets (B, T) ints or (B, T, K) probs; mask (B, T) -> loss (nats), dlogits."""
+    B, T, K = logits.shape
+    z = np.ascontiguousarray(logits.reshape(-1, K))
+    w = np.ascontiguousarray(mask.reshape(-1), dtype=np.float64)
+    wsum = max(float(w.sum()), 1e-12)
+    if targets.ndim == 2:
+        rows, dz = cross_entropy_hard_kernel(z, np.ascontiguousarray(targets.reshape(-1), dtype=np.int64), w, wsum)
+    else:
+        p = np.ascontiguousarray(targets.reshape(-1, K), dtype=logits.dtype)
+        rows, dz = cross_entropy_kernel(z, p, w, wsum)
+    return float(rows.sum()), dz.reshape(B, T, K)
+
+
+def bits(nats):
+    """Convert nats to bits."""
+    return nats / math.log(2.0)
+
+
+# ----------------------------------------------------------------------------
+# the model
+
+def _positions(params, cfg, T):
+    if T > cfg.max_len and cfg.pos == "learned":
+        raise ValueError(f"sequence length {T} exceeds max_len={cfg.max_len} of learned positions")
+    if cfg.pos == "learned":
+        return params["wpe"]
+    return sinusoidal_positions(T, cfg.d_model, cfg.dtype)
+
+
+def forward(params, tokens, cfg, head_mask=None):
+    """tokens (B, T) int -> logits (B, T, K), cache.
+
+    head_mask: optional (L, NH) array multiplying each head's output (1 keeps, 0 ablates).
+    cache["layers"][l] holds for layer l: "x_in" (B,T,C) residual stream entering the block,
+    "q","k","v" (B,NH,T,hs), "alpha" (B,NH,T,T), "head_out" (B,NH,T,hs), "attn_out" (B,T,C)
+    (after the output projection), "x_mid" (B,T,C), "x_out" (B,T,C). cache["resid"] lists the
+    residual stream before each block and after the last.
+    """
+    tokens = np.asarray(tokens)
+    if tokens.ndim != 2:
+        raise ValueError(f"tokens must have shape (B, T), got {tokens.shape}")
+    if tokens.size and (tokens.min() < 0 or tokens.max() >= cfg.vocab_size):
+        raise ValueError(f"token ids must lie in 0..{cfg.vocab_size - 1}, got {tokens.min()}..{tokens.max()}")
+    B, T = tokens.shape
+    NH = cfg.n_heads
+    x, _ = embedding_forward(params["wte"], _positions(params, cfg, T), tokens)  # (B, T, C)
+    x = x.astype(cfg.dtype)
+    cache = {"tokens": tokens, "T": T, "layers": [], "resid": [x], "head_mask": head_mask}
+    for l in range(cfg.n_layers):
+        pre = f"blocks.{l}."
+        lc = {"x_in": x}
+        # attention sub-block: x = x + W_o . attention(LN(x))
+        h, lc["ln1"] = layernorm_forward(x, params[pre + "ln1.g"], params[pre + "ln1.b"])
+        lc["h1"] = h
+        q = split_heads(h @ params[pre + "attn.wq"] + params[pre + "attn.bq"], NH)  # (B, NH, T, hs)
+        k = split_heads(h @ params[pre + "attn.wk"] + params[pre + "attn.bk"], NH)
+        v = split_heads(h @ params[pre + "attn.wv"] + params[pre + "attn.bv"], NH)
+        o, alpha = attention_forward_kernel(q, k, v)                               # (B, NH, T, hs), (B, NH, T, T)
+        if head_mask is not None:
+            o = o * np.asarray(head_mask[l], dtype=o.dtype)[None, :, None, None]
+        y = merge_heads(o)                                                         # (B, T, C)
+        attn_out = y @ params[pre + "attn.wo"] + params[pre + "attn.bo"]
+        x = x + attn_out
+        lc.update(q=q, k=k, v=v, alpha=alpha, head_out=o, y=y, attn_out=attn_out, x_mid=x)
+        # MLP sub-block: x = x + W_2 gelu(W_1 LN(x))
+        h2, lc["ln2"] = layernorm_forward(x, params[pre + "ln2.g"], params[pre + "ln2.b"])
+        pre_act = h2 @ params[pre + "mlp.w1"] + params[pre + "mlp.b1"]            # (B, T, M)
+        act, _ = gelu_forward(pre_act)
+        x = x + (act @ params[pre + "mlp.w2"] + params[pre + "mlp.b2"])
+        lc.update(h2=h2, pre_act=pre_act, act=act, x_out=x)
+        cache["layers"].append(lc)
+        cache["resid"].append(x)
+    xf, cache["lnf"] = layernorm_forward(x, params["lnf.g"], params["lnf.b"])
+    cache["xf"] = xf
+    logits = xf @ params["unembed.w"] + params["unembed.b"]                        # (B, T, K)
+    return logits, cache
+
+
+def backward(dlogits, cache, params, cfg):
+    """dlogits (B, T, K) -> grads, a dict with the same keys as params. Reverses forward line by line."""
+    g = {}
+    NH = cfg.n_heads
+    # forward: logits = xf @ W_u + b_u
+    dx, g["unembed.w"], g["unembed.b"] = linear_backward(dlogits, cache["xf"], params["unembed.w"])
+    dx, g["lnf.g"], g["lnf.b"] = layernorm_backward(dx, cache["lnf"])
+    for l in reversed(range(cfg.n_layers)):
+        pre, lc = f"blocks.{l}.", cache["layers"][l]
+        # forward: x_out = x_mid + act @ W_2 + b_2; the residual passes dx straight through
+        dact, g[pre + "mlp.w2"], g[pre + "mlp.b2"] = linear_backward(dx, lc["act"], params[pre + "mlp.w2"])
+        dpre = gelu_backward(dact, lc["pre_act"].reshape(-1, cfg.d_mlp))
+        dh2, g[pre + "mlp.w1"], g[pre + "mlp.b1"] = linear_backward(dpre, lc["h2"], params[pre + "mlp.w1"])
+        dh, g[pre + "ln2.g"], g[pre + "ln2.b"] = layernorm_backward(dh2, lc["ln2"])
+        dx = dx + dh                                                   # x_mid feeds both the residual and LN2
+        # forward: x_mid = x_in + y @ W_o + b_o
+        dy, g[pre + "attn.wo"], g[pre + "attn.bo"] = linear_backward(dx, lc["y"], params[pre + "attn.wo"])
+        u = split_heads(dy, NH)                                        # (B, NH, T, hs)  u = dL/d head output
+        if cache["head_mask"] is not None:
+            u = u * np.asarray(cache["head_mask"][l], dtype=u.dtype)[None, :, None, None]
+        dq, dk, dv = attention_backward_kernel(u, lc["alpha"], lc["q"], lc["k"], lc["v"])
+        dh = np.zeros_like(lc["h1"])
+        for name, d in (("q", dq), ("k", dk), ("v", dv)):
+            d = merge_heads(d)                                         # (B, T, C)
+            dhn, g[pre + f"attn.w{name}"], g[pre + f"attn.b{name}"] = linear_backward(
+                d, lc["h1"], params[pre + f"attn.w{name}"])
+            dh += dhn
+        dh, g[pre + "ln1.g"], g[pre + "ln1.b"] = layernorm_backward(dh, lc["ln1"])
+        dx = dx + dh                                                   # x_in feeds both the residual and LN1
+    dwte, dwpe = embedding_backward(dx, cache["tokens"], cfg.vocab_size)
+    g["wte"] = dwte
+    if cfg.pos == "learned":
+        g["wpe"] = np.zeros_like(params["wpe"])
+        g["wpe"][: cache["T"]] = dwpe
+    return g
+
+
+def loss_and_grads(params, tokens, targets, mask, cfg):
+    """Mean cross-entropy (nats) over supervised positions and its gradient for every parameter."""
+    logits, cache = forward(params, tokens, cfg)
+    loss, dlogits = cross_entropy(logits, targets, mask)
+    return loss, backward(dlogits, cache, params, cfg)
+
+
+def predict_proba(params, tokens, cfg, batch=256):
+    """Model predictive distribution (B, T, K) in float64, evaluated in chunks."""
+    out = []
+    for i in range(0, len(tokens), batch):
+        logits, _ = forward(params, tokens[i:i + batch], cfg)
+        out.append(softmax_ref(logits.astype(np.float64)))
+    return np.concatenate(out)
+
+
+# ----------------------------------------------------------------------------
+# optimiser: AdamW (decoupled weight decay), global-norm clipping, warm-up + cosine
+
+def default_decay(name):
+    """Weight decay applies to matrices (projections, embeddings), not to biases or LayerNorm gains."""
+    return name.endswith((".wq", ".wk", ".wv", ".wo", ".w1", ".w2", ".w")) or name in ("wte", "wpe")
+
+
+def adamw_init(params):
+    return {"t": 0,
+            "m": {k: np.zeros_like(v) for k, v in params.items()},
+            "v": {k: np.zeros_like(v) for k, v in params.items()}}
+
+
+def adamw_step(params, grads, state, lr, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.0,
+               decay=default_decay, lr_scale=None):
+    """One AdamW step, in place on params and state:
+        m = b1 m + (1 - b1) g,  v = b2 v + (1 - b2) g^2,  mhat = m / (1 - b1^t),  vhat = v / (1 - b2^t)
+        p = p - lr * (mhat / (sqrt(vhat) + eps) + wd * p)      (wd only where decay(name))
+    lr_scale: optional dict name -> factor multiplying lr for that tensor (two-timescale schedules)."""
+    state["t"] += 1
+    t = state["t"]
+    for name, p in params.items():
+        gr = grads[name]
+        m, v = state["m"][name], state["v"][name]
+        m *= beta1
+        m += (1 - beta1) * gr
+        v *= beta2
+        v += (1 - beta2) * gr * gr
+        mhat = m / (1 - beta1 ** t)
+        vhat = v / (1 - beta2 ** t)
+        step_lr = lr * (lr_scale.get(name, 1.0) if lr_scale else 1.0)
+        if weight_decay and decay(name):
+            p -= step_lr * weight_decay * p
+        p -= step_lr * mhat / (np.sqrt(vhat) + eps)
+
+
+def clip_grad_norm(grads, max_norm):
+    """Scale all gradients in place so that their global L2 norm is at most max_norm; return the norm before."""
+    norm = math.sqrt(sum(float(np.vdot(g, g)) for g in grads.values()))
+    if max_norm and norm > max_norm:
+        for g in grads.values():
+            g *= max_norm / (norm + 1e-12)
+    return norm
+
+
+def lr_schedule(step, max_lr, warmup, total, min_lr=0.0):
+    """Linear warm-up over `warmup` steps, then cosine decay to min_lr at `total` steps (step counts from 0)."""
+    if step < warmup:
+        return max_lr * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_lr + 0.5 * (max_lr - min_lr) * (1.0 + math.cos(math.pi * progress))
+
+
+def count_params(params):
+    return int(sum(v.size for v in params.values()))
