@@ -321,13 +321,24 @@ def attention_forward_ref(q, k, v):
     return alpha @ v, alpha
 
 
+def advantage_routing(u, alpha, v):
+    """E-step. u (..., T, hs), alpha (..., T, T), v (..., T, hs) -> ds = dL/ds (..., T, T).
+    Each row of ds sums to zero: attention is redistributed, not created."""
+    b = u @ np.swapaxes(v, -1, -2)                                 # (..., T, T)  b_ij = u_i . v_j
+    b_bar = (alpha * b).sum(axis=-1, keepdims=True)                # (..., T, 1)  b_bar_i = sum_j alpha_ij b_ij
+    return alpha * (b - b_bar)                                     # ds_ij = alpha_ij (b_ij - b_bar_i)
+
+
+def value_update(u, alpha):
+    """M-step. dv_j = sum_i alpha_ij u_i: each value moves toward the errors of the queries that use it."""
+    return np.swapaxes(alpha, -1, -2) @ u                          # (..., T, hs)
+
+
 def attention_backward_ref(u, alpha, q, k, v):
     """u = dL/do (B, NH, T, hs) -> dq, dk, dv; the E-step and M-step in NumPy."""
     hs = q.shape[-1]
-    b = u @ np.swapaxes(v, -1, -2)                                 # (B, NH, T, T)  b_ij = u_i . v_j
-    b_bar = (alpha * b).sum(axis=-1, keepdims=True)                # (B, NH, T, 1)  b_bar_i = sum_j alpha_ij b_ij
-    ds = alpha * (b - b_bar)                                       # E-step: advantage routing law
-    dv = np.swapaxes(alpha, -1, -2) @ u                            # M-step: dv_j = sum_i alpha_ij u_i
+    ds = advantage_routing(u, alpha, v)                            # E-step: advantage routing law
+    dv = value_update(u, alpha)                                    # M-step: responsibility-weighted value update
     dq = ds @ k / math.sqrt(hs)                                    # dq_i = sum_j ds_ij k_j / sqrt(hs)
     dk = np.swapaxes(ds, -1, -2) @ q / math.sqrt(hs)               # dk_j = sum_i ds_ij q_i / sqrt(hs)
     return dq, dk, dv

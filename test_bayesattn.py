@@ -1,0 +1,336 @@
+"""Gradient checks and kernel checks for bayesattn.py.
+
+Finite differences are centred (h = 1e-5) in float64 on tiny shapes. For an op, the
+check projects onto a random upstream gradient dout: the numerical directional
+derivative sum((f(x+h e) - f(x-h e)) * dout) / 2h is compared, entry by entry, with
+the hand-derived gradient. Relative error = max|a - n| / max(max|a|, max|n|) per tensor.
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+import bayesattn as ba
+
+H = 1e-5
+GRAD_TOL = 1e-6                               # worst relative error allowed per tensor
+KERNEL_TOL = {np.float32: 2e-5, np.float64: 1e-12}   # Numba kernel vs NumPy reference, relative
+
+
+def rel_error(a, n):
+    return float(np.abs(a - n).max() / max(np.abs(a).max(), np.abs(n).max(), 1e-300))
+
+
+def numerical_grad(f, x, dout):
+    """d/dx of sum(f(x) * dout) by centred differences, one entry at a time (x changed in place)."""
+    grad = np.zeros_like(x)
+    for idx in np.ndindex(x.shape):
+        old = x[idx]
+        x[idx] = old + H
+        fp = np.sum(f(x) * dout)
+        x[idx] = old - H
+        fm = np.sum(f(x) * dout)
+        x[idx] = old
+        grad[idx] = (fp - fm) / (2 * H)
+    return grad
+
+
+def assert_grads(analytic, numeric, tol=GRAD_TOL):
+    """analytic, numeric: dicts name -> array. Fails naming every tensor over tol and its error."""
+    errors = {name: rel_error(analytic[name], numeric[name]) for name in numeric}
+    bad = {k: f"{v:.2e}" for k, v in errors.items() if not v <= tol}
+    assert not bad, f"relative gradient error above {tol:g}: {bad}"
+    return errors
+
+
+# ----------------------------------------------------------------------------
+# every op's backward against finite differences
+
+def test_linear_backward():
+    rng = np.random.default_rng(0)
+    x, w, b = rng.normal(size=(2, 3, 4)), rng.normal(size=(4, 5)), rng.normal(size=5)
+    dout = rng.normal(size=(2, 3, 5))
+    dx, dw, db = ba.linear_backward(dout, x, w)
+    f = lambda: ba.linear_forward(x, w, b)[0]
+    assert_grads({"x": dx, "w": dw, "b": db},
+                 {"x": numerical_grad(lambda _: f(), x, dout), "w": numerical_grad(lambda _: f(), w, dout),
+                  "b": numerical_grad(lambda _: f(), b, dout)})
+
+
+def test_embedding_backward():
+    rng = np.random.default_rng(1)
+    wte, wpe = rng.normal(size=(6, 4)), rng.normal(size=(5, 4))
+    tokens = np.array([[0, 2, 2, 5], [1, 0, 3, 3]])             # repeated tokens must add up
+    dout = rng.normal(size=(2, 4, 4))
+    dwte, dwpe = ba.embedding_backward(dout, tokens, 6)
+    f = lambda _: ba.embedding_forward(wte, wpe, tokens)[0]
+    num_pe = numerical_grad(f, wpe, dout)
+    assert_grads({"wte": dwte, "wpe": dwpe}, {"wte": numerical_grad(f, wte, dout), "wpe": num_pe[:4]})
+    assert np.all(num_pe[4] == 0)
+
+
+def test_layernorm_backward():
+    rng = np.random.default_rng(2)
+    x, g, b = rng.normal(size=(2, 3, 6)), rng.normal(size=6), rng.normal(size=6)
+    dout = rng.normal(size=(2, 3, 6))
+    _, cache = ba.layernorm_forward(x, g, b)
+    dx, dg, db = ba.layernorm_backward(dout, cache)
+    f = lambda _: ba.layernorm_forward(x, g, b)[0]
+    assert_grads({"x": dx, "g": dg, "b": db},
+                 {"x": numerical_grad(f, x, dout), "g": numerical_grad(f, g, dout), "b": numerical_grad(f, b, dout)})
+
+
+def test_gelu_backward():
+    rng = np.random.default_rng(3)
+    x, dout = rng.normal(size=(4, 7)) * 2, rng.normal(size=(4, 7))
+    _, x2 = ba.gelu_forward(x)
+    assert_grads({"x": ba.gelu_backward(dout, x2)},
+                 {"x": numerical_grad(lambda _: ba.gelu_forward(x)[0], x, dout)})
+
+
+@pytest.mark.parametrize("kernel", [True, False], ids=["kernel", "ref"])
+def test_attention_backward(kernel):
+    rng = np.random.default_rng(4)
+    q, k, v = (rng.normal(size=(2, 2, 5, 3)) for _ in range(3))
+    u = rng.normal(size=(2, 2, 5, 3))                           # u = dL/do, the upstream error signal
+    fwd = ba.attention_forward_kernel if kernel else ba.attention_forward_ref
+    bwd = ba.attention_backward_kernel if kernel else ba.attention_backward_ref
+    _, alpha = fwd(q, k, v)
+    dq, dk, dv = bwd(u, alpha, q, k, v)
+    f = lambda _: fwd(q, k, v)[0]
+    assert_grads({"q": dq, "k": dk, "v": dv},
+                 {"q": numerical_grad(f, q, u), "k": numerical_grad(f, k, u), "v": numerical_grad(f, v, u)})
+
+
+@pytest.mark.parametrize("soft", [False, True], ids=["hard", "soft"])
+def test_cross_entropy_backward(soft):
+    rng = np.random.default_rng(5)
+    logits = rng.normal(size=(2, 4, 5))
+    mask = np.array([[1, 0, 1, 1], [0, 1, 1, 0]], dtype=float)
+    targets = rng.dirichlet(np.ones(5), size=(2, 4)) if soft else rng.integers(0, 5, (2, 4))
+    loss, dlogits = ba.cross_entropy(logits, targets, mask)
+    num = numerical_grad(lambda z: np.array(ba.cross_entropy(z, targets, mask)[0]), logits, np.array(1.0))
+    assert_grads({"logits": dlogits}, {"logits": num})
+    assert np.all(dlogits[mask == 0] == 0)
+
+
+# ----------------------------------------------------------------------------
+# the E-step: closed form against the explicit softmax Jacobian
+
+def test_advantage_routing_equals_explicit_jacobian():
+    rng = np.random.default_rng(6)
+    T, hs = 6, 4
+    q, k, v, u = (rng.normal(size=(1, 1, T, hs)) for _ in range(4))
+    _, alpha = ba.attention_forward_ref(q, k, v)
+    ds = ba.advantage_routing(u, alpha, v)[0, 0]                # closed form: alpha * (b - b_bar)
+    # step by step: dalpha_ij = u_i . v_j, then back through softmax with its Jacobian
+    dalpha = (u @ np.swapaxes(v, -1, -2))[0, 0]                 # (T, T)
+    for i in range(T):
+        a = alpha[0, 0, i]
+        jacobian = np.diag(a) - np.outer(a, a)                  # d alpha_i / d s_i
+        np.testing.assert_allclose(ds[i], jacobian @ dalpha[i], rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(ds.sum(axis=-1), 0.0, atol=1e-13)   # routing is redistributed
+    assert np.all(ds[np.triu_indices(T, 1)] == 0)                   # no gradient into the future
+
+
+def test_value_update_is_responsibility_weighted():
+    rng = np.random.default_rng(7)
+    q, k, v, u = (rng.normal(size=(1, 1, 5, 3)) for _ in range(4))
+    _, alpha = ba.attention_forward_ref(q, k, v)
+    dv = ba.value_update(u, alpha)[0, 0]
+    for j in range(5):                                          # dv_j = sum_i alpha_ij u_i
+        np.testing.assert_allclose(dv[j], sum(alpha[0, 0, i, j] * u[0, 0, i] for i in range(5)), rtol=1e-12)
+
+
+# ----------------------------------------------------------------------------
+# every Numba kernel equals its NumPy reference
+
+def _close(a, b, dtype):
+    err = rel_error(np.asarray(a, np.float64), np.asarray(b, np.float64))
+    assert err <= KERNEL_TOL[dtype], f"kernel vs reference relative error {err:.2e} > {KERNEL_TOL[dtype]:g} ({dtype.__name__})"
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_kernels_match_references(dtype):
+    rng = np.random.default_rng(8)
+    r = lambda *s: rng.normal(size=s).astype(dtype)
+    x, g, b, dy = r(13, 24), r(24), r(24), r(13, 24)
+    y, mean, rstd = ba.layernorm_forward_kernel(x, g, b, ba.LN_EPS)
+    y_ref, mean_ref, rstd_ref = ba.layernorm_forward_ref(x, g, b)
+    for a, e in ((y, y_ref), (mean, mean_ref), (rstd, rstd_ref)):
+        assert a.dtype == dtype
+        _close(a, e, dtype)
+    _close(ba.layernorm_backward_kernel(dy, x, mean, rstd, g), ba.layernorm_backward_ref(dy, x, mean, rstd, g), dtype)
+    _close(ba.gelu_forward_kernel(x), ba.gelu_forward_ref(x), dtype)
+    _close(ba.gelu_backward_kernel(dy, x), ba.gelu_backward_ref(dy, x), dtype)
+    _close(ba.softmax_kernel(x * 3), ba.softmax_ref(x * 3), dtype)
+    q, k, v, u = r(3, 2, 7, 4), r(3, 2, 7, 4), r(3, 2, 7, 4), r(3, 2, 7, 4)
+    o, alpha = ba.attention_forward_kernel(q, k, v)
+    o_ref, alpha_ref = ba.attention_forward_ref(q, k, v)
+    assert o.dtype == dtype and alpha.dtype == dtype
+    _close(o, o_ref, dtype)
+    _close(alpha, alpha_ref, dtype)
+    for a, e in zip(ba.attention_backward_kernel(u, alpha, q, k, v), ba.attention_backward_ref(u, alpha, q, k, v)):
+        assert a.dtype == dtype
+        _close(a, e, dtype)
+    logits, w = r(13, 5), (rng.random(13) < 0.7).astype(np.float64)
+    hard, soft = rng.integers(0, 5, 13), rng.dirichlet(np.ones(5), 13).astype(dtype)
+    for t in (hard, soft):
+        loss, dz = ba.cross_entropy(logits[None], t[None], w[None])
+        loss_ref, dz_ref = ba.cross_entropy_ref(logits, t, w)
+        assert dz.dtype == dtype
+        _close(loss, loss_ref, dtype)
+        _close(dz[0], dz_ref, dtype)
+
+
+# ----------------------------------------------------------------------------
+# numerical extremes
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_extreme_logits_stay_finite(dtype):
+    logits = np.array([[1e4, -1e4, 0.0, 1e4], [-1e4, -1e4, -1e4, -1e4]], dtype=dtype)
+    p = ba.softmax_kernel(logits)
+    assert np.all(np.isfinite(p)) and np.allclose(p.sum(-1), 1.0)
+    np.testing.assert_allclose(p[0], [0.5, 0, 0, 0.5], atol=1e-6)
+    long_row = np.random.default_rng(9).normal(size=(2, 100_000)).astype(dtype) * 1e4
+    assert np.all(np.isfinite(ba.softmax_kernel(long_row)))
+    for targets in (np.array([[1, 0]]), np.eye(4, dtype=dtype)[[[1, 0]]]):
+        loss, dz = ba.cross_entropy(logits[None], targets, np.ones((1, 2)))
+        assert math.isfinite(loss) and np.all(np.isfinite(dz))
+        assert loss == pytest.approx(1e4, rel=1e-3)            # row 0 puts ~no mass on class 1
+    q = np.full((1, 1, 50, 4), 1e3, dtype=dtype)                # scores of order 1e6 / 2
+    k = np.random.default_rng(10).normal(size=(1, 1, 50, 4)).astype(dtype)
+    o, alpha = ba.attention_forward_kernel(q, k, k)
+    dq, dk, dv = ba.attention_backward_kernel(np.ones_like(q), alpha, q, k, k)
+    assert all(np.all(np.isfinite(t)) for t in (o, alpha, dq, dk, dv))
+
+
+# ----------------------------------------------------------------------------
+# the whole model: every parameter tensor against finite differences
+
+def tiny_model(pos="learned", seed=0):
+    cfg = ba.Config(vocab_size=7, n_classes=5, max_len=6, d_model=8, n_layers=2, n_heads=2,
+                    pos=pos, dtype="float64")
+    params = ba.init_params(cfg, seed)
+    rng = np.random.default_rng(seed + 100)
+    for name in params:                                         # non-trivial weights everywhere
+        params[name] = params[name] + rng.normal(0, 0.3, params[name].shape)
+    return cfg, params
+
+
+def model_gradient_errors(cfg, params, tokens, targets, mask):
+    loss, grads = ba.loss_and_grads(params, tokens, targets, mask, cfg)
+    f = lambda _: np.array(ba.loss_and_grads(params, tokens, targets, mask, cfg)[0])
+    numeric = {name: numerical_grad(f, params[name], np.array(1.0)) for name in params}
+    # b_k shifts every score of a query by the same q_i . b_k: softmax ignores it, and
+    # sum_j dk_j = sum_i q_i sum_j ds_ij = 0 because each row of ds sums to zero.
+    for name in [n for n in params if n.endswith("attn.bk")]:
+        assert np.abs(grads[name]).max() < 1e-12 and np.abs(numeric[name]).max() < 1e-8, name
+        del numeric[name]
+    return assert_grads(grads, numeric)
+
+
+@pytest.mark.parametrize("soft", [False, True], ids=["hard-targets", "soft-targets"])
+@pytest.mark.parametrize("pos", ["learned", "sinusoidal"])
+def test_model_gradients(soft, pos):
+    cfg, params = tiny_model(pos)
+    rng = np.random.default_rng(11)
+    tokens = rng.integers(0, 7, (2, 5))
+    mask = np.array([[1, 1, 0, 1, 1], [0, 1, 1, 1, 0]], dtype=float)
+    targets = rng.dirichlet(np.ones(5), size=(2, 5)) if soft else rng.integers(0, 5, (2, 5))
+    errors = model_gradient_errors(cfg, params, tokens, targets, mask)
+    print("\nworst relative error per tensor:\n" + "\n".join(f"  {k:22s} {v:.2e}" for k, v in errors.items()))
+    assert set(errors) | {n for n in params if n.endswith("attn.bk")} == set(params)
+
+
+def test_head_mask_gradients_and_ablation():
+    cfg, params = tiny_model()
+    rng = np.random.default_rng(12)
+    tokens, targets, mask = rng.integers(0, 7, (2, 5)), rng.integers(0, 5, (2, 5)), np.ones((2, 5))
+    head_mask = np.array([[1.0, 0.0], [1.0, 1.0]])
+    logits, cache = ba.forward(params, tokens, cfg, head_mask=head_mask)
+    assert np.all(cache["layers"][0]["head_out"][:, 1] == 0)
+    loss, dlogits = ba.cross_entropy(logits, targets, mask)
+    grads = ba.backward(dlogits, cache, params, cfg)
+    f = lambda _: np.array(ba.cross_entropy(ba.forward(params, tokens, cfg, head_mask=head_mask)[0], targets, mask)[0])
+    name = "blocks.0.attn.wq"
+    assert_grads({name: grads[name]}, {name: numerical_grad(f, params[name], np.array(1.0))})
+    hs = cfg.d_model // cfg.n_heads                             # the ablated head's query columns get nothing
+    assert np.all(grads[name][:, hs:] == 0)
+
+
+def test_cache_exposes_geometry():
+    cfg, params = tiny_model()
+    tokens = np.random.default_rng(13).integers(0, 7, (3, 5))
+    logits, cache = ba.forward(params, tokens, cfg)
+    assert logits.shape == (3, 5, 5) and len(cache["layers"]) == 2 and len(cache["resid"]) == 3
+    layer = cache["layers"][1]
+    assert layer["alpha"].shape == (3, 2, 5, 5) and layer["q"].shape == (3, 2, 5, 4)
+    np.testing.assert_allclose(layer["alpha"].sum(-1), 1.0)
+    assert np.all(np.triu(layer["alpha"][0, 0], 1) == 0)        # causal
+    # causality of the whole model: changing a later token leaves earlier logits unchanged
+    t2 = tokens.copy()
+    t2[:, 3] = (t2[:, 3] + 1) % 7
+    np.testing.assert_array_equal(ba.forward(params, t2, cfg)[0][:, :3], logits[:, :3])
+
+
+# ----------------------------------------------------------------------------
+# optimiser and training
+
+def test_adamw_hand_computed_step():
+    params = {"a.w": np.array([1.0, -2.0]), "a.b": np.array([0.5])}
+    grads = {"a.w": np.array([0.1, -0.3]), "a.b": np.array([2.0])}
+    state = ba.adamw_init(params)
+    lr, b1, b2, eps, wd = 0.1, 0.9, 0.99, 1e-8, 0.5
+    ba.adamw_step(params, grads, state, lr, beta1=b1, beta2=b2, eps=eps, weight_decay=wd)
+    # t = 1: m = 0.1 g, v = 0.01 g^2, mhat = g, vhat = g^2, so the Adam step is lr * g / (|g| + eps)
+    w_expected = np.array([1.0, -2.0]) * (1 - lr * wd) - lr * np.array([0.1, -0.3]) / (np.array([0.1, 0.3]) + eps)
+    b_expected = 0.5 - lr * 2.0 / (2.0 + eps)                  # biases are not decayed
+    np.testing.assert_allclose(params["a.w"], w_expected, rtol=1e-12)
+    np.testing.assert_allclose(params["a.b"], [b_expected], rtol=1e-12)
+    np.testing.assert_allclose(state["m"]["a.w"], 0.1 * np.array([0.1, -0.3]))
+    # t = 2 with the same gradient: mhat = g, vhat = g^2 again (bias correction)
+    ba.adamw_step(params, grads, state, lr, beta1=b1, beta2=b2, eps=eps, weight_decay=0.0)
+    np.testing.assert_allclose(params["a.b"], [b_expected - lr * 2.0 / (2.0 + eps)], rtol=1e-12)
+
+
+def test_clip_and_schedule():
+    grads = {"x": np.array([3.0, 4.0])}
+    assert ba.clip_grad_norm(grads, 1.0) == pytest.approx(5.0)
+    np.testing.assert_allclose(grads["x"], [0.6, 0.8])
+    assert ba.lr_schedule(0, 1.0, 10, 100) == pytest.approx(0.1)
+    assert ba.lr_schedule(9, 1.0, 10, 100) == pytest.approx(1.0)
+    assert ba.lr_schedule(55, 1.0, 10, 100) == pytest.approx(0.5)
+    assert ba.lr_schedule(100, 1.0, 10, 100, min_lr=0.1) == pytest.approx(0.1)
+
+
+def test_tiny_model_overfits_one_batch():
+    cfg = ba.Config(vocab_size=10, n_classes=6, max_len=8, d_model=16, n_layers=2, n_heads=2, dtype="float64")
+    params = ba.init_params(cfg, 0)
+    state = ba.adamw_init(params)
+    rng = np.random.default_rng(14)
+    tokens, targets, mask = rng.integers(0, 10, (4, 8)), rng.integers(0, 6, (4, 8)), np.ones((4, 8))
+    first = None
+    for step in range(300):
+        loss, grads = ba.loss_and_grads(params, tokens, targets, mask, cfg)
+        first = loss if first is None else first
+        ba.clip_grad_norm(grads, 1.0)
+        ba.adamw_step(params, grads, state, 1e-2)
+    assert first > 1.5 and loss < 0.05, f"loss went from {first:.3f} to {loss:.3f}; expected below 0.05"
+
+
+def test_config_rejects_bad_values():
+    with pytest.raises(ValueError, match="n_heads=3 does not divide d_model=8"):
+        ba.Config(vocab_size=5, n_classes=5, d_model=8, n_heads=3)
+    with pytest.raises(ValueError, match="dtype='float16'"):
+        ba.Config(vocab_size=5, n_classes=5, dtype="float16")
+    with pytest.raises(ValueError, match="d_model=0"):
+        ba.Config(vocab_size=5, n_classes=5, d_model=0)
+    with pytest.raises(ValueError, match="pos='rope'"):
+        ba.Config(vocab_size=5, n_classes=5, pos="rope")
+    cfg, params = tiny_model()
+    with pytest.raises(ValueError, match="token ids must lie in 0..6"):
+        ba.forward(params, np.array([[0, 7]]), cfg)
+    with pytest.raises(ValueError, match="exceeds max_len=6"):
+        ba.forward(params, np.zeros((1, 7), dtype=int), cfg)
