@@ -676,3 +676,50 @@ def lr_schedule(step, max_lr, warmup, total, min_lr=0.0):
 
 def count_params(params):
     return int(sum(v.size for v in params.values()))
+
+
+# ----------------------------------------------------------------------------
+# checkpoints: one .npz holding the config, the parameters, optionally the AdamW state
+# and a JSON "meta" dict (task, step, ...). Written atomically: temporary file, then rename.
+
+def save_checkpoint(path, params, cfg, meta=None, opt_state=None):
+    import json
+    import tempfile
+    arrays = {"config": np.array(json.dumps(cfg.to_dict())), "meta": np.array(json.dumps(meta or {}))}
+    arrays.update({f"param:{k}": v for k, v in params.items()})
+    if opt_state is not None:
+        arrays["adam_t"] = np.array(opt_state["t"])
+        arrays.update({f"adam_m:{k}": v for k, v in opt_state["m"].items()})
+        arrays.update({f"adam_v:{k}": v for k, v in opt_state["v"].items()})
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".ckpt-", suffix=".npz")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def load_checkpoint(path):
+    """-> (params, cfg, meta, opt_state or None). Raises ValueError with one clear line if unreadable."""
+    import json
+    import zipfile
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            data = {k: z[k] for k in z.files}
+        cfg = Config(**json.loads(str(data["config"])))
+        meta = json.loads(str(data["meta"]))
+    except FileNotFoundError:
+        raise ValueError(f"checkpoint {path!r} does not exist") from None
+    except (OSError, KeyError, ValueError, TypeError, zipfile.BadZipFile, EOFError) as e:
+        raise ValueError(f"checkpoint {path!r} is truncated or not a bayesattn checkpoint ({type(e).__name__})") from None
+    params = {k[len("param:"):]: v for k, v in data.items() if k.startswith("param:")}
+    opt_state = None
+    if "adam_t" in data:
+        opt_state = {"t": int(data["adam_t"]),
+                     "m": {k[len("adam_m:"):]: v for k, v in data.items() if k.startswith("adam_m:")},
+                     "v": {k[len("adam_v:"):]: v for k, v in data.items() if k.startswith("adam_v:")}}
+    return params, cfg, meta, opt_state
