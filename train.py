@@ -1,0 +1,454 @@
+"""Train a transformer on a Bayesian wind tunnel and measure it against the exact posterior, in bits.
+
+    python train.py                         # bijection wind tunnel, CPU-sized default (minutes)
+    python train.py --task hmm --preset paper
+    python train.py --eval-only runs/bijection-transformer-default/checkpoint.npz
+
+Writes runs/<name>/ (checkpoint.npz, metrics.json, log.csv, snapshots/) and figures/.
+Every batch is drawn from its own generator default_rng((seed, step)), so a run resumed
+from a checkpoint sees exactly the data an uninterrupted run would have seen.
+"""
+
+import os
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # see bayesattn.py: BLAS threads fight Numba's
+
+import argparse  # noqa: E402
+import csv  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+import bayesattn as ba  # noqa: E402
+import windtunnels as wt  # noqa: E402
+
+# ----------------------------------------------------------------------------
+# defaults (the `default` preset of the bijection task); presets below override them
+
+TASK = "bijection"      # which wind tunnel
+V = 20                  # bijection: keys = values = V, L = V - 1 pairs
+HMM_K = 20              # hmm: observations per training sequence
+EVAL_SEQS = 2000        # held-out sequences for evaluation
+EVAL_SEED = 1_000_003   # held-out data never overlaps the training stream (seeds (seed, step))
+N_SNAPSHOTS = 24        # light parameter snapshots at log-spaced steps (frame-precision probe)
+
+PRESETS = {
+    # task -> preset -> settings; lr is the peak of warm-up + cosine, decayed to lr / 10
+    "bijection": {
+        "quick":   dict(width=32, layers=2, heads=2, batch=32, steps=60, lr=3e-3, warmup=10),
+        "default": dict(width=64, layers=3, heads=4, batch=64, steps=3000, lr=3e-3, warmup=100),
+        "paper":   dict(width=128, layers=4, heads=4, batch=64, steps=12000, lr=2e-3, warmup=300),
+    },
+    "hmm": {
+        "quick":   dict(width=32, layers=2, heads=2, batch=16, steps=40, lr=3e-3, warmup=10),
+        "default": dict(width=64, layers=4, heads=4, batch=32, steps=3000, lr=2e-3, warmup=100),
+        "paper":   dict(width=128, layers=6, heads=8, batch=32, steps=10000, lr=1e-3, warmup=300),
+    },
+}
+WEIGHT_DECAY = 0.01
+GRAD_CLIP = 1.0
+BETAS = (0.9, 0.98)
+
+
+def fail(msg):
+    """One clear line on stderr, exit code 2, no traceback."""
+    print(f"train.py: error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+# ----------------------------------------------------------------------------
+# tasks: what the model sees, and the exact posterior at every supervised position
+
+def task_spec(task, K=None, replacement=False, soft=False):
+    """-> dict(vocab, classes, max_len, batch(rng, n) -> wind-tunnel batch dict)."""
+    if task == "bijection":
+        L = V - 1
+        return dict(vocab=2 * V, classes=V, max_len=2 * L, soft=False,
+                    batch=lambda rng, n: wt.bijection_batch(rng, n, V, replacement=replacement))
+    if task == "hmm":
+        K = K or HMM_K
+        return dict(vocab=wt.HMM_VOCAB, classes=wt.HMM_S, max_len=wt.HMM_HEADER + K, soft=soft,
+                    batch=lambda rng, n: wt.hmm_batch(rng, n, K))
+    raise ValueError(f"unknown task {task!r}")
+
+
+def targets_of(batch, soft):
+    """Sampled labels (the honest default) or the exact posterior as a soft target."""
+    return batch["posterior"] if soft else batch["targets"]
+
+
+def bayes_loss_bits(batch):
+    """Cross-entropy (bits) of the sampled targets under the exact posterior: the loss floor."""
+    mask = batch["mask"] > 0
+    p = np.take_along_axis(batch["posterior"], batch["targets"][..., None], -1)[..., 0]
+    return float(-np.log2(p[mask]).mean())
+
+
+# ----------------------------------------------------------------------------
+# evaluation in bits
+
+def evaluate(predict, batch):
+    """predict(tokens) -> (n, Tlen, K) probabilities. Metrics of the model against the exact posterior.
+
+    entropy_mae_bits       the papers' metric: average H over sequences per position first,
+                           then mean over positions of |H_model - H_bayes|
+    entropy_mae_seq_bits   mean over sequences and positions of |H_model - H_bayes|
+    kl_bits                mean KL(posterior || model) per supervised position
+    excess_ce_bits         cross-entropy of the sampled targets under the model minus under the posterior
+    """
+    q = predict(batch["tokens"])                                    # (n, Tlen, K)
+    cols = np.flatnonzero(batch["mask"][0] > 0)                     # supervised positions (same in every row)
+    assert np.all(batch["mask"][:, cols] > 0)
+    post, q = batch["posterior"][:, cols], q[:, cols]               # (n, P, K)
+    h_model, h_bayes = wt.entropy_bits(q), wt.entropy_bits(post)    # (n, P)
+    kl = wt.kl_bits(post, q)                                        # (n, P)
+    y = batch["targets"][:, cols][..., None]
+    ce_model = -np.log2(np.maximum(np.take_along_axis(q, y, -1)[..., 0], wt.TINY))
+    ce_bayes = -np.log2(np.take_along_axis(post, y, -1)[..., 0])
+    per_position = [dict(position=int(i + 1), H_model=float(h_model[:, i].mean()),
+                         H_bayes=float(h_bayes[:, i].mean()), kl=float(kl[:, i].mean()))
+                    for i in range(len(cols))]
+    metrics = dict(
+        entropy_mae_bits=float(np.abs(h_model.mean(0) - h_bayes.mean(0)).mean()),
+        entropy_mae_seq_bits=float(np.abs(h_model - h_bayes).mean()),
+        kl_bits=float(kl.mean()),
+        excess_ce_bits=float(ce_model.mean() - ce_bayes.mean()),
+        per_position=per_position)
+    traces = dict(h_model=h_model[:8], h_bayes=h_bayes[:8])       # single sequences for the trace figure
+    return metrics, traces
+
+
+def eval_batch(task, seed, K=None, replacement=False, n=EVAL_SEQS):
+    spec = task_spec(task, K=K, replacement=replacement)
+    return spec["batch"](np.random.default_rng((EVAL_SEED, seed, K or 0)), n)
+
+
+# ----------------------------------------------------------------------------
+# training
+
+def log_spaced_steps(steps, n):
+    return sorted({int(round(s)) for s in np.geomspace(1, steps, n)} | {steps})
+
+
+def train(model, params, cfg, spec, args, run_dir, opt_state=None, start=0, log_name="log.csv"):
+    """The training loop. model = (loss_and_grads, predict). Returns params, opt_state, step reached."""
+    from tqdm import tqdm
+    loss_and_grads = model[0]
+    opt_state = opt_state or ba.adamw_init(params)
+    snap_dir = os.path.join(run_dir, "snapshots")
+    os.makedirs(snap_dir, exist_ok=True)
+    snapshots = set(log_spaced_steps(args.steps, N_SNAPSHOTS))
+    log_path = os.path.join(run_dir, log_name)
+    log_file = open(log_path, "a" if start else "w", newline="")
+    log = csv.writer(log_file)
+    if not start:
+        log.writerow(["step", "loss_bits", "bayes_loss_bits", "lr", "grad_norm", "seconds"])
+    t0 = time.time()
+    step = start
+    bar = tqdm(range(start, args.steps), initial=start, total=args.steps, desc=f"{args.task}/{args.model}",
+               disable=args.quiet, dynamic_ncols=True, mininterval=1.0)
+    try:
+        for step in bar:
+            batch = spec["batch"](np.random.default_rng((args.seed, step)), args.batch)
+            loss, grads = loss_and_grads(params, batch["tokens"], targets_of(batch, spec["soft"]), batch["mask"])
+            norm = ba.clip_grad_norm(grads, GRAD_CLIP)
+            if not (math.isfinite(loss) and math.isfinite(norm)):
+                raise FloatingPointError(f"step {step}: loss {loss} or gradient norm {norm} is not finite; "
+                                         f"the last good checkpoint is kept in {run_dir}")
+            lr = ba.lr_schedule(step, args.lr, args.warmup, args.steps, min_lr=args.lr / 10)
+            ba.adamw_step(params, grads, opt_state, lr, beta1=BETAS[0], beta2=BETAS[1], weight_decay=WEIGHT_DECAY)
+            loss_bits, floor = ba.bits(loss), bayes_loss_bits(batch)
+            log.writerow([step + 1, f"{loss_bits:.6f}", f"{floor:.6f}", f"{lr:.3e}", f"{norm:.4f}",
+                          f"{time.time() - t0:.2f}"])
+            if (step + 1) in snapshots and args.model == "transformer":
+                ba.save_checkpoint(os.path.join(snap_dir, f"step_{step + 1:07d}.npz"), params, cfg,
+                                   meta=dict(step=step + 1))
+            if (step + 1) % 500 == 0:
+                save_run_checkpoint(run_dir, params, cfg, args, step + 1, opt_state)
+            if step % 10 == 0:
+                bar.set_postfix_str(f"loss {loss_bits:.3f} bits | Bayes {floor:.3f} bits | "
+                                    f"{(step + 1 - start) / max(time.time() - t0, 1e-9):.1f} step/s")
+        step = args.steps
+    except KeyboardInterrupt:
+        bar.close()
+        print(f"\ninterrupted at step {step}: saving a checkpoint; continue with --resume", file=sys.stderr)
+        save_run_checkpoint(run_dir, params, cfg, args, step, opt_state)
+        log_file.close()
+        sys.exit(130)
+    finally:
+        log_file.close()
+    bar.close()
+    save_run_checkpoint(run_dir, params, cfg, args, step, opt_state)
+    return params, opt_state, step, time.time() - t0
+
+
+def run_meta(args, step):
+    return dict(task=args.task, model=args.model, step=step, steps=args.steps, seed=args.seed,
+                batch=args.batch, lr=args.lr, warmup=args.warmup, soft=args.soft,
+                replacement=args.replacement, preset=args.preset)
+
+
+def save_run_checkpoint(run_dir, params, cfg, args, step, opt_state):
+    ba.save_checkpoint(os.path.join(run_dir, "checkpoint.npz" if args.model == "transformer" else "mlp.npz"),
+                       params, cfg, run_meta(args, step), opt_state)
+
+
+# ----------------------------------------------------------------------------
+# models: the transformer, and the capacity-matched MLP baseline
+
+def make_transformer(args, spec, params=None, cfg=None):
+    if cfg is None:
+        cfg = ba.Config(vocab_size=spec["vocab"], n_classes=spec["classes"], max_len=spec["max_len"],
+                        d_model=args.width, n_layers=args.layers, n_heads=args.heads,
+                        pos="sinusoidal" if args.task == "hmm" else "learned", dtype=args.dtype)
+    params = params if params is not None else ba.init_params(cfg, args.seed)
+    model = (lambda p, tok, tgt, m: ba.loss_and_grads(p, tok, tgt, m, cfg),
+             lambda p, tok: ba.predict_proba(p, tok, cfg))
+    return model, params, cfg
+
+
+def make_mlp(args, spec, target_params, params=None, mcfg=None):
+    import mlp_baseline as mb
+    if mcfg is None:
+        mcfg = mb.match_width(spec["vocab"], spec["classes"], spec["max_len"], args.layers, target_params)
+        mcfg.dtype = args.dtype
+    params = params if params is not None else mb.mlp_init_params(mcfg, args.seed)
+    model = (lambda p, tok, tgt, m: mb.mlp_loss_and_grads(p, tok, tgt, m, mcfg),
+             lambda p, tok: mb.mlp_predict_proba(p, tok, mcfg))
+    return model, params, mcfg
+
+
+# ----------------------------------------------------------------------------
+# figures
+
+def plot_calibration(results, task, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    first = next(iter(results.values()))
+    pos = [r["position"] for r in first["per_position"]]
+    ax.plot(pos, [r["H_bayes"] for r in first["per_position"]], "k-", lw=3, alpha=0.35, label="exact Bayes")
+    for name, m in results.items():
+        ax.plot(pos, [r["H_model"] for r in m["per_position"]], "o-", ms=3,
+                label=f"{name} (MAE {m['entropy_mae_bits']:.3g} bits)")
+    ax.set_xlabel("supervised position" if task != "bijection" else "key index i (pairs seen = i - 1)")
+    ax.set_ylabel("predictive entropy (bits)")
+    ax.set_title(f"{task}: model entropy against the exact posterior")
+    ax.legend(frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_traces(traces, task, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(2, 2, figsize=(8, 5), sharex=True, sharey=True)
+    for s, ax in enumerate(axes.ravel()):
+        x = np.arange(1, traces["h_bayes"].shape[1] + 1)
+        ax.plot(x, traces["h_bayes"][s], "k-", lw=3, alpha=0.35, label="this sequence's posterior")
+        ax.plot(x, traces["h_model"][s], "o-", ms=3, label="model")
+        ax.set_title(f"held-out sequence {s}", fontsize=9)
+    axes[0, 0].legend(frameon=False, fontsize=8)
+    for ax in axes[1]:
+        ax.set_xlabel("supervised position")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("entropy (bits)")
+    fig.suptitle(f"{task}: single sequences")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_length_generalization(curves, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for K, m in curves.items():
+        ax.semilogy([r["position"] for r in m["per_position"]], [max(r["kl"], 1e-7) for r in m["per_position"]],
+                    "o-", ms=3, label=f"K = {K} (mean {m['kl_bits']:.2g} bits)")
+    ax.axvline(HMM_K, color="gray", ls=":", label="training length")
+    ax.set_xlabel("observation t")
+    ax.set_ylabel("KL(posterior || model) (bits)")
+    ax.set_title("HMM: length generalisation")
+    ax.legend(frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------
+# command line
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.error = fail
+    p.add_argument("--task", default=TASK, help="wind tunnel: bijection | hmm | sticky")
+    p.add_argument("--model", default="transformer", help="transformer | mlp")
+    p.add_argument("--preset", default="default", help="quick | default | paper (sets the sizes below)")
+    p.add_argument("--steps", type=int, help="training steps (default: from the preset)")
+    p.add_argument("--batch", type=int, help="sequences per step")
+    p.add_argument("--width", type=int, help="model width d_model")
+    p.add_argument("--layers", type=int, help="transformer layers (MLP: residual blocks)")
+    p.add_argument("--heads", type=int, help="attention heads (must divide the width)")
+    p.add_argument("--lr", type=float, help="peak learning rate (warm-up, then cosine to lr/10)")
+    p.add_argument("--warmup", type=int, help="warm-up steps")
+    p.add_argument("--seed", type=int, default=0, help="seed of the initialisation and the data stream")
+    p.add_argument("--dtype", default="float32", help="float32 | float64")
+    p.add_argument("--soft", action="store_true", help="hmm: train on the exact posterior (soft targets) "
+                                                       "instead of sampled hidden states")
+    p.add_argument("--replacement", action="store_true", help="bijection: keys drawn with replacement")
+    p.add_argument("--out", help="run directory (default runs/<task>-<model>-<preset>)")
+    p.add_argument("--figures", default="figures", help="where figures are written")
+    p.add_argument("--eval-only", metavar="CHECKPOINT", help="evaluate a checkpoint, no training")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
+    p.add_argument("--no-baseline", action="store_true", help="do not train the MLP baseline after the transformer")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    args = p.parse_args(argv)
+    if args.task not in ("bijection", "hmm", "sticky"):
+        fail(f"--task {args.task!r}: allowed are bijection, hmm, sticky")
+    if args.model not in ("transformer", "mlp"):
+        fail(f"--model {args.model!r}: allowed are transformer, mlp")
+    if args.task != "sticky":
+        if args.preset not in PRESETS[args.task]:
+            fail(f"--preset {args.preset!r}: allowed are {', '.join(PRESETS[args.task])}")
+        for key, value in PRESETS[args.task][args.preset].items():
+            if getattr(args, key) is None:
+                setattr(args, key, value)
+    for key in ("steps", "batch", "width", "layers", "heads", "warmup"):
+        value = getattr(args, key)
+        if value is not None and (value < 1 if key != "warmup" else value < 0):
+            fail(f"--{key} {value}: must be a positive integer")
+    if args.lr is not None and not args.lr > 0:
+        fail(f"--lr {args.lr}: must be > 0")
+    if args.dtype not in ("float32", "float64"):
+        fail(f"--dtype {args.dtype!r}: allowed are float32, float64")
+    if args.task != "sticky" and args.width % args.heads:
+        fail(f"--heads {args.heads} does not divide --width {args.width}")
+    args.out = args.out or os.path.join("runs", f"{args.task}-{args.model}-{args.preset}")
+    return args
+
+
+def summary_table(rows):
+    head = f"{'model':<14}{'params':>10}{'entropy MAE':>13}{'per-seq MAE':>13}{'KL':>11}{'excess CE':>11}"
+    lines = [head, "-" * len(head)]
+    for name, m in rows.items():
+        lines.append(f"{name:<14}{m.get('params', 0):>10,}{m['entropy_mae_bits']:>13.4g}"
+                     f"{m['entropy_mae_seq_bits']:>13.4g}{m['kl_bits']:>11.4g}{m['excess_ce_bits']:>11.4g}")
+    lines.append(f"{'exact Bayes':<14}{'':>10}{0:>13}{0:>13}{0:>11}{0:>11}   (all in bits)")
+    return "\n".join(lines)
+
+
+def evaluate_run(args, predict, params, cfg_like):
+    """Held-out metrics; for the HMM also at K = 30 and 50 (length generalisation)."""
+    metrics, traces = evaluate(lambda tok: predict(params, tok), eval_batch(args.task, args.seed,
+                                                                          replacement=args.replacement))
+    if args.task == "hmm":
+        curves = {HMM_K: metrics}
+        for K in (30, 50):
+            curves[K], _ = evaluate(lambda tok: predict(params, tok), eval_batch("hmm", args.seed, K=K))
+        metrics["length_generalization"] = {str(K): m["kl_bits"] for K, m in curves.items()}
+        metrics["length_generalization_curves"] = {str(K): m["per_position"] for K, m in curves.items()}
+    return metrics, traces
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.task == "sticky":
+        import dynamics
+        metrics = dynamics.run_sticky(steps=args.steps or 1000, seed=args.seed, lr=args.lr or 0.01,
+                                      fig_dir=args.figures, out_dir=args.out)
+        print(json.dumps({k: v for k, v in metrics.items() if not isinstance(v, (list, dict))}, indent=1))
+        return metrics
+    if args.eval_only:
+        return eval_only(args)
+    try:
+        os.makedirs(args.out, exist_ok=True)
+        os.makedirs(args.figures, exist_ok=True)
+        with open(os.path.join(args.out, ".write-test"), "w"):
+            pass
+        os.remove(os.path.join(args.out, ".write-test"))
+    except OSError as e:
+        fail(f"--out {args.out!r} cannot be written ({e.strerror})")
+    spec = task_spec(args.task, replacement=args.replacement, soft=args.soft)
+    results = {}
+
+    # the transformer
+    opt_state, start = None, 0
+    params = cfg = None
+    if args.resume:
+        params, cfg, meta, opt_state, start = load_for_resume(args)
+    model, params, cfg = make_transformer(args, spec, params, cfg)
+    n_params = ba.count_params(params)
+    runs = [("transformer", model, params, cfg)]
+    if args.model == "mlp" or not args.no_baseline:
+        mlp_model, mlp_params, mcfg = make_mlp(args, spec, n_params)
+        runs = ([] if args.model == "mlp" else runs) + [("mlp", mlp_model, mlp_params, mcfg)]
+    print(f"{args.task}: {n_params:,} transformer parameters, {args.steps} steps of batch {args.batch}, "
+          f"{'soft posterior' if spec['soft'] else 'sampled'} targets, run dir {args.out}")
+    for name, mdl, prm, c in runs:
+        model_args = argparse.Namespace(**{**vars(args), "model": name})
+        prm, _, step, seconds = train(mdl, prm, c, spec, model_args, args.out,
+                                      opt_state=opt_state if name == args.model else None,
+                                      start=start if name == args.model else 0,
+                                      log_name="log.csv" if name == "transformer" else "log_mlp.csv")
+        metrics, traces = evaluate_run(args, mdl[1], prm, c)
+        metrics = dict(task=args.task, model=name, params=ba.count_params(prm), steps=step,
+                       seconds=round(seconds, 1), targets="soft" if spec["soft"] else "sampled",
+                       config=c.to_dict(), **metrics)
+        with open(os.path.join(args.out, "metrics.json" if name == "transformer" else "metrics_mlp.json"), "w") as f:
+            json.dump(metrics, f, indent=1)
+        results[name] = metrics
+        if name == "transformer":
+            plot_traces(traces, args.task, os.path.join(args.figures, f"{args.task}_traces.png"))
+            if args.task == "hmm":
+                curves = {int(K): dict(per_position=v, kl_bits=metrics["length_generalization"][K])
+                          for K, v in metrics["length_generalization_curves"].items()}
+                plot_length_generalization(curves, os.path.join(args.figures, "hmm_length_generalization.png"))
+    plot_calibration(results, args.task, os.path.join(args.figures, f"{args.task}_calibration.png"))
+    print(summary_table(results))
+    for name, m in results.items():
+        extra = f", length generalisation KL {m['length_generalization']}" if "length_generalization" in m else ""
+        print(f"{name}: {m['seconds']} s of training{extra}")
+    return results
+
+
+def load_for_resume(args):
+    path = os.path.join(args.out, "checkpoint.npz")
+    try:
+        params, cfg, meta, opt_state = ba.load_checkpoint(path)
+    except ValueError as e:
+        fail(f"--resume: {e}")
+    want = run_meta(args, meta.get("step", 0))
+    for key in ("task", "seed", "batch", "steps", "lr", "warmup", "soft", "replacement"):
+        if meta.get(key) != want[key]:
+            fail(f"--resume: checkpoint {path!r} has {key}={meta.get(key)!r} but this run asks for {want[key]!r}")
+    if (cfg.d_model, cfg.n_layers, cfg.n_heads) != (args.width, args.layers, args.heads) or opt_state is None:
+        fail(f"--resume: checkpoint {path!r} holds width {cfg.d_model}, {cfg.n_layers} layers, {cfg.n_heads} heads, "
+             f"not the {args.width}/{args.layers}/{args.heads} asked for")
+    return params, cfg, meta, opt_state, int(meta["step"])
+
+
+def eval_only(args):
+    try:
+        params, cfg, meta, _ = ba.load_checkpoint(args.eval_only)
+    except ValueError as e:
+        fail(f"--eval-only: {e}")
+    args.task, args.replacement = meta.get("task", args.task), meta.get("replacement", False)
+    spec = task_spec(args.task, replacement=args.replacement)
+    model, params, cfg = make_transformer(args, spec, params, cfg)
+    metrics, _ = evaluate_run(args, model[1], params, cfg)
+    metrics = dict(task=args.task, model="transformer", params=ba.count_params(params), **metrics)
+    print(summary_table({"transformer": metrics}))
+    return metrics
+
+
+if __name__ == "__main__":
+    main()
