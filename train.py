@@ -12,6 +12,7 @@ from a checkpoint sees exactly the data an uninterrupted run would have seen.
 import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # see bayesattn.py: BLAS threads fight Numba's
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
 import argparse  # noqa: E402
 import csv  # noqa: E402
@@ -31,6 +32,7 @@ import windtunnels as wt  # noqa: E402
 TASK = "bijection"      # which wind tunnel
 V = 20                  # bijection: keys = values = V, L = V - 1 pairs
 HMM_K = 20              # hmm: observations per training sequence
+HMM_EVAL_K = (20, 30, 50)  # hmm: lengths evaluated (length generalisation past K = 20)
 EVAL_SEQS = 2000        # held-out sequences for evaluation
 EVAL_SEED = 1_000_003   # held-out data never overlaps the training stream (seeds (seed, step))
 N_SNAPSHOTS = 24        # light parameter snapshots at log-spaced steps (frame-precision probe)
@@ -66,11 +68,12 @@ def task_spec(task, K=None, replacement=False, soft=False):
     """-> dict(vocab, classes, max_len, batch(rng, n) -> wind-tunnel batch dict)."""
     if task == "bijection":
         L = V - 1
-        return dict(vocab=2 * V, classes=V, max_len=2 * L, soft=False,
+        return dict(vocab=2 * V, classes=V, max_len=2 * L, eval_len=2 * L, soft=False,
                     batch=lambda rng, n: wt.bijection_batch(rng, n, V, replacement=replacement))
     if task == "hmm":
         K = K or HMM_K
-        return dict(vocab=wt.HMM_VOCAB, classes=wt.HMM_S, max_len=wt.HMM_HEADER + K, soft=soft,
+        return dict(vocab=wt.HMM_VOCAB, classes=wt.HMM_S, max_len=wt.HMM_HEADER + K,
+                    eval_len=wt.HMM_HEADER + max(HMM_EVAL_K), soft=soft,
                     batch=lambda rng, n: wt.hmm_batch(rng, n, K))
     raise ValueError(f"unknown task {task!r}")
 
@@ -213,7 +216,8 @@ def make_transformer(args, spec, params=None, cfg=None):
 def make_mlp(args, spec, target_params, params=None, mcfg=None):
     import mlp_baseline as mb
     if mcfg is None:
-        mcfg = mb.match_width(spec["vocab"], spec["classes"], spec["max_len"], args.layers, target_params)
+        # the prefix grid covers the longest evaluated sequence; slots past training stay untrained
+        mcfg = mb.match_width(spec["vocab"], spec["classes"], spec["eval_len"], args.layers, target_params)
         mcfg.dtype = args.dtype
     params = params if params is not None else mb.mlp_init_params(mcfg, args.seed)
     model = (lambda p, tok, tgt, m: mb.mlp_loss_and_grads(p, tok, tgt, m, mcfg),
@@ -352,7 +356,7 @@ def evaluate_run(args, predict, params, cfg_like):
                                                                           replacement=args.replacement))
     if args.task == "hmm":
         curves = {HMM_K: metrics}
-        for K in (30, 50):
+        for K in HMM_EVAL_K[1:]:
             curves[K], _ = evaluate(lambda tok: predict(params, tok), eval_batch("hmm", args.seed, K=K))
         metrics["length_generalization"] = {str(K): m["kl_bits"] for K, m in curves.items()}
         metrics["length_generalization_curves"] = {str(K): m["per_position"] for K, m in curves.items()}
@@ -389,8 +393,13 @@ def main(argv=None):
     n_params = ba.count_params(params)
     runs = [("transformer", model, params, cfg)]
     if args.model == "mlp" or not args.no_baseline:
-        mlp_model, mlp_params, mcfg = make_mlp(args, spec, n_params)
-        runs = ([] if args.model == "mlp" else runs) + [("mlp", mlp_model, mlp_params, mcfg)]
+        try:
+            mlp_model, mlp_params, mcfg = make_mlp(args, spec, n_params)
+            runs = ([] if args.model == "mlp" else runs) + [("mlp", mlp_model, mlp_params, mcfg)]
+        except ValueError as e:                      # too small a transformer to match
+            if args.model == "mlp":
+                fail(f"MLP baseline: {e}")
+            print(f"MLP baseline skipped: {e}")
     print(f"{args.task}: {n_params:,} transformer parameters, {args.steps} steps of batch {args.batch}, "
           f"{'soft posterior' if spec['soft'] else 'sampled'} targets, run dir {args.out}")
     for name, mdl, prm, c in runs:

@@ -1,0 +1,152 @@
+"""Tests for dynamics.py: the one-head model's gradients, the three optimisers, the entry points.
+
+Finite differences are centred (h = 1e-5) in float64 on a small batch, one weight entry at a time,
+on the scalar loss. Relative error per weight = max|a - n| / max(max|a|, max|n|).
+"""
+import json
+
+import dynamics as dy  # first: bayesattn, imported by it, pins OpenBLAS to one thread before NumPy loads
+import numpy as np
+import pytest
+
+H = 1e-5
+GRAD_TOL = 1e-6
+NAMES = ("W_Q", "W_K", "W_V", "W_O")
+
+
+def rel_error(a, n):
+    return float(np.abs(a - n).max() / max(np.abs(a).max(), np.abs(n).max(), 1e-300))
+
+
+def small_problem(seed=0, B=2, T=9, std=0.5, dtype="float64"):
+    """A batch of sticky chains and a head with weights large enough that attention is far from uniform."""
+    x, targets = dy.sticky_data(seed, T=T, n=B)
+    return x.astype(dtype), targets, dy.init_head(seed, std=std, dtype=dtype)
+
+
+def numerical_grads(params, x, targets):
+    """dL/dW for every weight by centred differences of the reference loss (weights changed in place)."""
+    loss = lambda: dy.head_loss(params, x, targets, fast=False)[0]
+    grads = {}
+    for name in NAMES:
+        w, g = params[name], np.zeros_like(params[name])
+        for idx in np.ndindex(w.shape):
+            old = w[idx]
+            w[idx] = old + H
+            fp = loss()
+            w[idx] = old - H
+            fm = loss()
+            w[idx] = old
+            g[idx] = (fp - fm) / (2 * H)
+        grads[name] = g
+    return grads
+
+
+def assert_close(analytic, reference, tol, what):
+    errors = {name: rel_error(analytic[name], reference[name]) for name in NAMES}
+    bad = {k: f"{v:.2e}" for k, v in errors.items() if not v <= tol}
+    assert not bad, f"{what}: relative error above {tol:g}: {bad}"
+    return errors
+
+
+# ----------------------------------------------------------------------------
+# gradients
+
+def test_reference_backward_matches_finite_differences():
+    x, targets, params = small_problem()
+    _, grads, _ = dy.head_loss_and_grads(params, x, targets, fast=False)
+    assert_close(grads, numerical_grads(params, x, targets), GRAD_TOL, "head_backward_ref vs finite differences")
+
+
+def test_reference_backward_at_the_papers_init():
+    """At N(0, 0.1^2) the routing gradients are ~100x smaller than the value gradients: check them too."""
+    x, targets, params = small_problem(seed=1, std=0.1)
+    _, grads, _ = dy.head_loss_and_grads(params, x, targets, fast=False)
+    assert_close(grads, numerical_grads(params, x, targets), GRAD_TOL, "head_backward_ref vs finite differences")
+
+
+@pytest.mark.parametrize("dtype, tol", [("float64", 1e-12), ("float32", 2e-5)])
+def test_fast_path_matches_reference(dtype, tol):
+    x, targets, params = small_problem(seed=2, B=3, T=37, dtype=dtype)
+    loss_ref, grads_ref, cache_ref = dy.head_loss_and_grads(params, x, targets, fast=False)
+    loss, grads, cache = dy.head_loss_and_grads(params, x, targets, fast=True)
+    assert abs(loss - loss_ref) <= tol * abs(loss_ref)
+    assert rel_error(cache["alpha"], cache_ref["alpha"]) <= tol
+    assert np.all(np.triu(cache["alpha"], k=1) == 0), "causal: no attention above the diagonal"
+    np.testing.assert_allclose(cache["alpha"].sum(-1), 1.0, rtol=10 * tol)
+    assert_close(grads, grads_ref, tol, f"fast path vs reference ({dtype})")
+
+
+def test_cross_entropy_matches_bayesattn():
+    rng = np.random.default_rng(3)
+    logits, targets = rng.normal(size=(2, 5, 8)), rng.integers(0, 8, (2, 5))
+    loss, dlogits = dy.cross_entropy(logits, targets)
+    loss_ba, dlogits_ba = dy.ba.cross_entropy(logits, targets, np.ones(targets.shape))
+    assert abs(loss - loss_ba) < 1e-12
+    np.testing.assert_allclose(dlogits, dlogits_ba, atol=1e-14)
+
+
+# ----------------------------------------------------------------------------
+# optimisers
+
+def test_em_like_changes_only_the_value_step():
+    x, targets, params = small_problem(seed=4)
+    _, grads, _ = dy.head_loss_and_grads(params, x, targets)
+    sgd = {k: v.copy() for k, v in params.items()}
+    em = {k: v.copy() for k, v in params.items()}
+    dy.sgd_step(sgd, grads, 0.01)
+    dy.em_like_step(em, grads, 0.01)
+    for name in ("W_Q", "W_K", "W_O"):
+        assert np.array_equal(sgd[name], em[name]), f"{name} differs between the SGD and EM-like steps"
+    np.testing.assert_allclose(em["W_V"] - params["W_V"], 10.0 * (sgd["W_V"] - params["W_V"]), rtol=1e-9, atol=1e-15)
+    assert not np.allclose(em["W_V"], sgd["W_V"])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_m_step_never_increases_the_loss(seed):
+    x, targets = dy.sticky_data(seed, T=48, n=3)
+    params = dy.init_head(seed, std=0.3)
+    loss0, _, _, cache = dy.head_loss(params, x, targets)
+    H = dy._rows(cache["H"])
+    W, losses = dy.m_step(H, targets.reshape(-1), params["W_V"] @ params["W_O"])
+    assert all(b <= a for a, b in zip(losses, losses[1:])), f"Newton losses went up: {losses}"
+    assert abs(losses[0] - loss0) < 1e-12
+    after = dict(params, W_V=dy.refactor_values(W, params))
+    np.testing.assert_allclose(after["W_V"] @ after["W_O"], W, atol=1e-10)    # the refactor is exact
+    loss1 = dy.head_loss(after, x, targets)[0]
+    assert loss1 <= loss0 + 1e-12, f"M-step raised the loss {loss0} -> {loss1}"
+    assert loss1 < loss0 - 1e-3
+    # the whole M-step arm's update (M-step, then the routing step) starts from the M-step's loss
+    p = {k: v.copy() for k, v in params.items()}
+    loss_m, _, g, _ = dy.m_step_update(p, dict(cache), targets, 0.01)
+    assert abs(loss_m - loss1) < 1e-10 and set(g) == {"W_Q", "W_K"}
+    assert np.array_equal(p["W_O"], params["W_O"])
+
+
+def test_quick_run_lowers_its_loss(tmp_path):
+    m = dy.run_sticky(steps=30, seed=0, T=128, out_dir=str(tmp_path))
+    assert m["train_loss_final_bits"] < m["train_loss_first_bits"]
+    for key in ("task", "model", "steps", "seconds", "loss_bits", "bayes_loss_bits", "excess_ce_bits", "kl_bits",
+                "conditional_entropy_bound_bits", "bound_gap_bits"):
+        assert key in m, key
+    assert m["task"] == "sticky" and m["model"] == "one-head"
+    assert m["kl_bits"] >= 0 and np.isfinite(m["loss_bits"])
+    assert (tmp_path / "sticky_metrics.json").exists()
+
+
+def test_compare_em_quick_writes_everything(tmp_path):
+    dy.compare_em(fig_dir=str(tmp_path), quick=True)
+    for name in ("em_vs_sgd.png", "two_timescales.png", "dynamics.json"):
+        assert (tmp_path / name).stat().st_size > 0, name
+    out = json.loads((tmp_path / "dynamics.json").read_text())
+    for key in ("config", "long_chain", "short_sequences", "exact_bayes_reference", "sigma3_sgd",
+                "two_timescales_one_head", "long_horizon_sgd", "transformer", "curves", "seconds_total"):
+        assert key in out, key
+    for setting in ("long_chain", "short_sequences"):
+        s = out[setting]
+        assert {"threshold_bits", "per_seed", "sgd", "em", "mstep"} <= set(s)
+        for key in ("steps_to_threshold_mean", "steps_to_threshold_std", "speedup_steps", "speedup_seconds",
+                    "paired_final_loss_vs_sgd", "paired_steps_vs_sgd"):
+            assert key in s["em"], key
+    tr = out["transformer"]
+    assert np.array(tr["routing_norm"]).shape == np.array(tr["value_norm"]).shape
