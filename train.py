@@ -32,7 +32,7 @@ import windtunnels as wt  # noqa: E402
 TASK = "bijection"      # which wind tunnel
 V = 20                  # bijection: keys = values = V, L = V - 1 pairs
 HMM_K = 20              # hmm: observations per training sequence
-HMM_EVAL_K = (20, 30, 50)  # hmm: lengths evaluated (length generalisation past K = 20)
+HMM_EVAL_K = (30, 50)   # hmm: lengths evaluated beyond the training length (length generalisation)
 EVAL_SEQS = 2000        # held-out sequences for evaluation
 EVAL_SEED = 1_000_003   # held-out data never overlaps the training stream (seeds (seed, step))
 N_SNAPSHOTS = 24        # light parameter snapshots at log-spaced steps (frame-precision probe)
@@ -42,7 +42,7 @@ PRESETS = {
     "bijection": {
         "quick":   dict(width=32, layers=2, heads=2, batch=32, steps=60, lr=3e-3, warmup=10),
         "default": dict(width=64, layers=3, heads=4, batch=64, steps=3000, lr=3e-3, warmup=100),
-        "paper":   dict(width=128, layers=4, heads=4, batch=64, steps=12000, lr=2e-3, warmup=300),
+        "paper":   dict(width=96, layers=4, heads=4, batch=64, steps=15000, lr=2e-3, warmup=300),
     },
     "hmm": {
         "quick":   dict(width=32, layers=2, heads=2, batch=16, steps=40, lr=3e-3, warmup=10),
@@ -64,16 +64,20 @@ def fail(msg):
 # ----------------------------------------------------------------------------
 # tasks: what the model sees, and the exact posterior at every supervised position
 
-def task_spec(task, K=None, replacement=False, soft=False):
-    """-> dict(vocab, classes, max_len, batch(rng, n) -> wind-tunnel batch dict)."""
+def eval_lengths(K):
+    """HMM: the training length K and the longer lengths of HMM_EVAL_K."""
+    return [K] + [k for k in HMM_EVAL_K if k > K]
+
+
+def task_spec(task, V=V, K=HMM_K, replacement=False, soft=False):
+    """-> dict(vocab, classes, max_len, eval_len, soft, batch(rng, n) -> wind-tunnel batch dict)."""
     if task == "bijection":
         L = V - 1
         return dict(vocab=2 * V, classes=V, max_len=2 * L, eval_len=2 * L, soft=False,
                     batch=lambda rng, n: wt.bijection_batch(rng, n, V, replacement=replacement))
     if task == "hmm":
-        K = K or HMM_K
         return dict(vocab=wt.HMM_VOCAB, classes=wt.HMM_S, max_len=wt.HMM_HEADER + K,
-                    eval_len=wt.HMM_HEADER + max(HMM_EVAL_K), soft=soft,
+                    eval_len=wt.HMM_HEADER + max(eval_lengths(K)), soft=soft,
                     batch=lambda rng, n: wt.hmm_batch(rng, n, K))
     raise ValueError(f"unknown task {task!r}")
 
@@ -124,9 +128,11 @@ def evaluate(predict, batch):
     return metrics, traces
 
 
-def eval_batch(task, seed, K=None, replacement=False, n=EVAL_SEQS):
-    spec = task_spec(task, K=K, replacement=replacement)
-    return spec["batch"](np.random.default_rng((EVAL_SEED, seed, K or 0)), n)
+def eval_batch(args, K=None):
+    """Held-out sequences: a generator seeded apart from every training batch."""
+    K, n = K or args.K, args.eval_seqs
+    spec = task_spec(args.task, V=args.V, K=K, replacement=args.replacement)
+    return spec["batch"](np.random.default_rng((EVAL_SEED, args.seed, K)), n)
 
 
 # ----------------------------------------------------------------------------
@@ -145,22 +151,33 @@ def train(model, params, cfg, spec, args, run_dir, opt_state=None, start=0, log_
     os.makedirs(snap_dir, exist_ok=True)
     snapshots = set(log_spaced_steps(args.steps, N_SNAPSHOTS))
     log_path = os.path.join(run_dir, log_name)
-    log_file = open(log_path, "a" if start else "w", newline="")
+    rows = []
+    if start and os.path.exists(log_path):       # keep the rows up to the checkpoint, drop any after it
+        with open(log_path, newline="") as f:
+            rows = [r for r in csv.reader(f)][1:]
+        rows = [r for r in rows if r and int(r[0]) <= start]
+    log_file = open(log_path, "w", newline="")
     log = csv.writer(log_file)
-    if not start:
-        log.writerow(["step", "loss_bits", "bayes_loss_bits", "lr", "grad_norm", "seconds"])
+    log.writerow(["step", "loss_bits", "bayes_loss_bits", "lr", "grad_norm", "seconds"])
+    log.writerows(rows)
+    stop = min(args.steps, args.stop_after or args.steps)
     t0 = time.time()
     step = start
-    bar = tqdm(range(start, args.steps), initial=start, total=args.steps, desc=f"{args.task}/{args.model}",
+    bar = tqdm(range(start, stop), initial=start, total=args.steps, desc=f"{args.task}/{args.model}",
                disable=args.quiet, dynamic_ncols=True, mininterval=1.0)
     try:
         for step in bar:
             batch = spec["batch"](np.random.default_rng((args.seed, step)), args.batch)
-            loss, grads = loss_and_grads(params, batch["tokens"], targets_of(batch, spec["soft"]), batch["mask"])
-            norm = ba.clip_grad_norm(grads, GRAD_CLIP)
+            with np.errstate(over="ignore", invalid="ignore"):        # the guard below reports it
+                loss, grads = loss_and_grads(params, batch["tokens"], targets_of(batch, spec["soft"]), batch["mask"])
+                norm = ba.clip_grad_norm(grads, GRAD_CLIP)
             if not (math.isfinite(loss) and math.isfinite(norm)):
-                raise FloatingPointError(f"step {step}: loss {loss} or gradient norm {norm} is not finite; "
-                                         f"the last good checkpoint is kept in {run_dir}")
+                bar.close()
+                ckpt = os.path.join(run_dir, "checkpoint.npz" if args.model == "transformer" else "mlp.npz")
+                kept = (f"the last good checkpoint stays in {ckpt}" if os.path.exists(ckpt)
+                        else "no checkpoint had been written yet")
+                fail(f"step {step + 1}: the loss ({loss}) or the gradient norm ({norm}) is not finite; "
+                     f"training stopped, {kept} (try a smaller --lr)")
             lr = ba.lr_schedule(step, args.lr, args.warmup, args.steps, min_lr=args.lr / 10)
             ba.adamw_step(params, grads, opt_state, lr, beta1=BETAS[0], beta2=BETAS[1], weight_decay=WEIGHT_DECAY)
             loss_bits, floor = ba.bits(loss), bayes_loss_bits(batch)
@@ -174,7 +191,7 @@ def train(model, params, cfg, spec, args, run_dir, opt_state=None, start=0, log_
             if step % 10 == 0:
                 bar.set_postfix_str(f"loss {loss_bits:.3f} bits | Bayes {floor:.3f} bits | "
                                     f"{(step + 1 - start) / max(time.time() - t0, 1e-9):.1f} step/s")
-        step = args.steps
+        step = stop
     except KeyboardInterrupt:
         bar.close()
         print(f"\ninterrupted at step {step}: saving a checkpoint; continue with --resume", file=sys.stderr)
@@ -191,7 +208,7 @@ def train(model, params, cfg, spec, args, run_dir, opt_state=None, start=0, log_
 def run_meta(args, step):
     return dict(task=args.task, model=args.model, step=step, steps=args.steps, seed=args.seed,
                 batch=args.batch, lr=args.lr, warmup=args.warmup, soft=args.soft,
-                replacement=args.replacement, preset=args.preset)
+                replacement=args.replacement, preset=args.preset, V=args.V, K=args.K)
 
 
 def save_run_checkpoint(run_dir, params, cfg, args, step, opt_state):
@@ -277,7 +294,7 @@ def plot_length_generalization(curves, path):
     for K, m in curves.items():
         ax.semilogy([r["position"] for r in m["per_position"]], [max(r["kl"], 1e-7) for r in m["per_position"]],
                     "o-", ms=3, label=f"K = {K} (mean {m['kl_bits']:.2g} bits)")
-    ax.axvline(HMM_K, color="gray", ls=":", label="training length")
+    ax.axvline(min(curves), color="gray", ls=":", label="training length")
     ax.set_xlabel("observation t")
     ax.set_ylabel("KL(posterior || model) (bits)")
     ax.set_title("HMM: length generalisation")
@@ -309,11 +326,16 @@ def parse_args(argv=None):
     p.add_argument("--soft", action="store_true", help="hmm: train on the exact posterior (soft targets) "
                                                        "instead of sampled hidden states")
     p.add_argument("--replacement", action="store_true", help="bijection: keys drawn with replacement")
+    p.add_argument("--V", type=int, default=V, help="bijection: number of keys (= values); L = V - 1 pairs")
+    p.add_argument("--K", type=int, default=HMM_K, help="hmm: observations per training sequence")
+    p.add_argument("--stop-after", type=int, metavar="N",
+                   help="stop after N steps with a checkpoint, as Ctrl-C would (continue with --resume)")
     p.add_argument("--out", help="run directory (default runs/<task>-<model>-<preset>)")
     p.add_argument("--figures", default="figures", help="where figures are written")
     p.add_argument("--eval-only", metavar="CHECKPOINT", help="evaluate a checkpoint, no training")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
     p.add_argument("--no-baseline", action="store_true", help="do not train the MLP baseline after the transformer")
+    p.add_argument("--eval-seqs", type=int, default=EVAL_SEQS, help="held-out sequences for evaluation")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
     if args.task not in ("bijection", "hmm", "sticky"):
@@ -326,10 +348,16 @@ def parse_args(argv=None):
         for key, value in PRESETS[args.task][args.preset].items():
             if getattr(args, key) is None:
                 setattr(args, key, value)
-    for key in ("steps", "batch", "width", "layers", "heads", "warmup"):
+    for key in ("steps", "batch", "width", "layers", "heads", "warmup", "eval_seqs"):
         value = getattr(args, key)
         if value is not None and (value < 1 if key != "warmup" else value < 0):
-            fail(f"--{key} {value}: must be a positive integer")
+            fail(f"--{key.replace('_', '-')} {value}: must be a positive integer")
+    if args.V < 2:
+        fail(f"--V {args.V}: the bijection needs at least 2 keys")
+    if args.K < 1:
+        fail(f"--K {args.K}: the HMM needs at least 1 observation")
+    if args.stop_after is not None and args.stop_after < 1:
+        fail(f"--stop-after {args.stop_after}: must be a positive integer")
     if args.lr is not None and not args.lr > 0:
         fail(f"--lr {args.lr}: must be > 0")
     if args.dtype not in ("float32", "float64"):
@@ -352,12 +380,11 @@ def summary_table(rows):
 
 def evaluate_run(args, predict, params, cfg_like):
     """Held-out metrics; for the HMM also at K = 30 and 50 (length generalisation)."""
-    metrics, traces = evaluate(lambda tok: predict(params, tok), eval_batch(args.task, args.seed,
-                                                                          replacement=args.replacement))
+    metrics, traces = evaluate(lambda tok: predict(params, tok), eval_batch(args))
     if args.task == "hmm":
-        curves = {HMM_K: metrics}
-        for K in HMM_EVAL_K[1:]:
-            curves[K], _ = evaluate(lambda tok: predict(params, tok), eval_batch("hmm", args.seed, K=K))
+        curves = {args.K: metrics}
+        for K in eval_lengths(args.K)[1:]:
+            curves[K], _ = evaluate(lambda tok: predict(params, tok), eval_batch(args, K=K))
         metrics["length_generalization"] = {str(K): m["kl_bits"] for K, m in curves.items()}
         metrics["length_generalization_curves"] = {str(K): m["per_position"] for K, m in curves.items()}
     return metrics, traces
@@ -381,33 +408,34 @@ def main(argv=None):
         os.remove(os.path.join(args.out, ".write-test"))
     except OSError as e:
         fail(f"--out {args.out!r} cannot be written ({e.strerror})")
-    spec = task_spec(args.task, replacement=args.replacement, soft=args.soft)
+    spec = task_spec(args.task, V=args.V, K=args.K, replacement=args.replacement, soft=args.soft)
     results = {}
 
-    # the transformer
-    opt_state, start = None, 0
-    params = cfg = None
-    if args.resume:
-        params, cfg, meta, opt_state, start = load_for_resume(args)
-    model, params, cfg = make_transformer(args, spec, params, cfg)
-    n_params = ba.count_params(params)
-    runs = [("transformer", model, params, cfg)]
+    # the transformer, then (unless --no-baseline) the capacity-matched MLP
+    resumed = load_for_resume(args) if args.resume else None     # (params, cfg, opt_state, step)
+    t_state = resumed if resumed and args.model == "transformer" else (None, None, None, 0)
+    model, params, cfg = make_transformer(args, spec, t_state[0], t_state[1])
+    n_params = ba.count_params(make_transformer(args, spec)[1]) if args.model == "mlp" else ba.count_params(params)
+    runs = [("transformer", model, params, cfg, t_state[2], t_state[3])] if args.model == "transformer" else []
     if args.model == "mlp" or not args.no_baseline:
+        m_state = resumed if resumed and args.model == "mlp" else (None, None, None, 0)
         try:
-            mlp_model, mlp_params, mcfg = make_mlp(args, spec, n_params)
-            runs = ([] if args.model == "mlp" else runs) + [("mlp", mlp_model, mlp_params, mcfg)]
+            mlp_model, mlp_params, mcfg = make_mlp(args, spec, n_params, m_state[0], m_state[1])
+            runs.append(("mlp", mlp_model, mlp_params, mcfg, m_state[2], m_state[3]))
         except ValueError as e:                      # too small a transformer to match
             if args.model == "mlp":
                 fail(f"MLP baseline: {e}")
             print(f"MLP baseline skipped: {e}")
     print(f"{args.task}: {n_params:,} transformer parameters, {args.steps} steps of batch {args.batch}, "
           f"{'soft posterior' if spec['soft'] else 'sampled'} targets, run dir {args.out}")
-    for name, mdl, prm, c in runs:
+    for name, mdl, prm, c, opt_state, start in runs:
         model_args = argparse.Namespace(**{**vars(args), "model": name})
-        prm, _, step, seconds = train(mdl, prm, c, spec, model_args, args.out,
-                                      opt_state=opt_state if name == args.model else None,
-                                      start=start if name == args.model else 0,
-                                      log_name="log.csv" if name == "transformer" else "log_mlp.csv")
+        prm, _, step, seconds = train(mdl, prm, c, spec, model_args, args.out, opt_state=opt_state,
+                                      start=start, log_name="log.csv" if name == "transformer" else "log_mlp.csv")
+        if step < args.steps:
+            print(f"stopped at step {step} of {args.steps} (--stop-after); continue with "
+                  f"python train.py --resume --out {args.out} and the same flags")
+            return results
         metrics, traces = evaluate_run(args, mdl[1], prm, c)
         metrics = dict(task=args.task, model=name, params=ba.count_params(prm), steps=step,
                        seconds=round(seconds, 1), targets="soft" if spec["soft"] else "sampled",
@@ -430,19 +458,22 @@ def main(argv=None):
 
 
 def load_for_resume(args):
-    path = os.path.join(args.out, "checkpoint.npz")
+    """-> (params, cfg, opt_state, step) of the run in --out, after checking it is the same run."""
+    path = os.path.join(args.out, "checkpoint.npz" if args.model == "transformer" else "mlp.npz")
     try:
         params, cfg, meta, opt_state = ba.load_checkpoint(path)
     except ValueError as e:
         fail(f"--resume: {e}")
     want = run_meta(args, meta.get("step", 0))
-    for key in ("task", "seed", "batch", "steps", "lr", "warmup", "soft", "replacement"):
+    for key in ("task", "model", "seed", "batch", "steps", "lr", "warmup", "soft", "replacement", "V", "K"):
         if meta.get(key) != want[key]:
             fail(f"--resume: checkpoint {path!r} has {key}={meta.get(key)!r} but this run asks for {want[key]!r}")
-    if (cfg.d_model, cfg.n_layers, cfg.n_heads) != (args.width, args.layers, args.heads) or opt_state is None:
+    if opt_state is None:
+        fail(f"--resume: checkpoint {path!r} holds no optimiser state")
+    if args.model == "transformer" and (cfg.d_model, cfg.n_layers, cfg.n_heads) != (args.width, args.layers, args.heads):
         fail(f"--resume: checkpoint {path!r} holds width {cfg.d_model}, {cfg.n_layers} layers, {cfg.n_heads} heads, "
              f"not the {args.width}/{args.layers}/{args.heads} asked for")
-    return params, cfg, meta, opt_state, int(meta["step"])
+    return params, cfg, opt_state, int(meta["step"])
 
 
 def eval_only(args):
@@ -450,8 +481,10 @@ def eval_only(args):
         params, cfg, meta, _ = ba.load_checkpoint(args.eval_only)
     except ValueError as e:
         fail(f"--eval-only: {e}")
-    args.task, args.replacement = meta.get("task", args.task), meta.get("replacement", False)
-    spec = task_spec(args.task, replacement=args.replacement)
+    for key in ("task", "replacement", "V", "K"):
+        if key in meta:
+            setattr(args, key, meta[key])
+    spec = task_spec(args.task, V=args.V, K=args.K, replacement=args.replacement)
     model, params, cfg = make_transformer(args, spec, params, cfg)
     metrics, _ = evaluate_run(args, model[1], params, cfg)
     metrics = dict(task=args.task, model="transformer", params=ba.count_params(params), **metrics)

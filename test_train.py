@@ -1,0 +1,128 @@
+"""train.py end to end, as a user runs it: bad input, resume, determinism, the NaN guard, Ctrl-C."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import bayesattn as ba
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+QUICK = ["--preset", "quick", "--quiet", "--no-baseline", "--eval-seqs", "200"]
+
+
+def run(args, tmp_path, timeout=300):
+    return subprocess.run([sys.executable, os.path.join(HERE, "train.py"), *args,
+                           "--figures", str(tmp_path / "figures")],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
+
+
+def assert_clear_error(proc, expected):
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("train.py: error:"), proc.stderr
+    assert expected in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--task", "bijektion"], "--task 'bijektion': allowed are bijection, hmm, sticky"),
+    (["--model", "rnn"], "--model 'rnn': allowed are transformer, mlp"),
+    (["--preset", "huge"], "--preset 'huge': allowed are quick, default, paper"),
+    (["--steps", "0"], "--steps 0: must be a positive integer"),
+    (["--batch", "-3"], "--batch -3: must be a positive integer"),
+    (["--width", "0"], "--width 0: must be a positive integer"),
+    (["--heads", "3"], "--heads 3 does not divide --width 64"),
+    (["--V", "1"], "--V 1: the bijection needs at least 2 keys"),
+    (["--task", "hmm", "--K", "0"], "--K 0: the HMM needs at least 1 observation"),
+    (["--lr", "0"], "--lr 0.0: must be > 0"),
+    (["--lr=-1e-3"], "--lr -0.001: must be > 0"),
+    (["--dtype", "float16"], "--dtype 'float16': allowed are float32, float64"),
+    (["--steps", "many"], "invalid int value: 'many'"),
+    (["--eval-only", "missing.npz"], "checkpoint 'missing.npz' does not exist"),
+    (["--out", "/proc/no/such/dir"], "--out '/proc/no/such/dir' cannot be written"),
+])
+def test_bad_input_gives_one_clear_line(args, expected, tmp_path):
+    assert_clear_error(run(args, tmp_path), expected)
+
+
+def test_corrupt_and_mismatched_checkpoints(tmp_path):
+    out = tmp_path / "run"
+    assert run([*QUICK, "--steps", "5", "--out", str(out)], tmp_path).returncode == 0
+    ckpt = out / "checkpoint.npz"
+    data = ckpt.read_bytes()
+    (tmp_path / "truncated.npz").write_bytes(data[: len(data) // 2])
+    assert_clear_error(run(["--eval-only", "truncated.npz"], tmp_path), "is truncated or not a bayesattn checkpoint")
+    (tmp_path / "noise.npz").write_bytes(b"not a checkpoint at all")
+    assert_clear_error(run(["--eval-only", "noise.npz"], tmp_path), "is truncated or not a bayesattn checkpoint")
+    # --resume with another task or configuration
+    assert_clear_error(run([*QUICK, "--steps", "5", "--out", str(out), "--resume", "--task", "hmm"], tmp_path),
+                       "has task='bijection' but this run asks for 'hmm'")
+    assert_clear_error(run([*QUICK, "--steps", "5", "--out", str(out), "--resume", "--width", "16"], tmp_path),
+                       "holds width 32, 2 layers, 2 heads, not the 16/2/2 asked for")
+    assert_clear_error(run([*QUICK, "--steps", "5", "--out", str(tmp_path / "empty"), "--resume"], tmp_path),
+                       "does not exist")
+    assert ckpt.read_bytes() == data                           # nothing already written was lost
+
+
+def test_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert run([*QUICK, "--steps", "16", "--out", str(a)], tmp_path).returncode == 0
+    stopped = run([*QUICK, "--steps", "16", "--out", str(b), "--stop-after", "7"], tmp_path)
+    assert stopped.returncode == 0 and "stopped at step 7 of 16" in stopped.stdout
+    assert run([*QUICK, "--steps", "16", "--out", str(b), "--resume"], tmp_path).returncode == 0
+    pa, _, ma, sa = ba.load_checkpoint(str(a / "checkpoint.npz"))
+    pb, _, mb, sb = ba.load_checkpoint(str(b / "checkpoint.npz"))
+    assert ma["step"] == mb["step"] == 16 and sa["t"] == sb["t"] == 16
+    for name in pa:
+        assert np.array_equal(pa[name], pb[name]), name
+        assert np.array_equal(sa["m"][name], sb["m"][name]) and np.array_equal(sa["v"][name], sb["v"][name]), name
+    strip = lambda p: [row.rsplit(",", 1)[0] for row in p.read_text().splitlines()]   # drop wall time
+    assert strip(a / "log.csv") == strip(b / "log.csv")
+    assert json.loads((a / "metrics.json").read_text())["kl_bits"] == json.loads((b / "metrics.json").read_text())["kl_bits"]
+
+
+def test_same_seed_same_metrics(tmp_path):
+    metrics = []
+    for name in ("x", "y"):
+        assert run([*QUICK, "--steps", "12", "--out", str(tmp_path / name)], tmp_path).returncode == 0
+        m = json.loads((tmp_path / name / "metrics.json").read_text())
+        m.pop("seconds")
+        metrics.append(m)
+    assert metrics[0] == metrics[1]
+
+
+def test_quick_preset_lowers_its_loss(tmp_path):
+    proc = run([*QUICK, "--out", str(tmp_path / "q")], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    loss = np.loadtxt(tmp_path / "q" / "log.csv", delimiter=",", skiprows=1)[:, 1]
+    assert loss[-10:].mean() < loss[:10].mean() - 0.03, (loss[:10].mean(), loss[-10:].mean())
+    assert "exact Bayes" in proc.stdout and (tmp_path / "figures" / "bijection_calibration.png").exists()
+
+
+def test_nan_guard_stops_with_the_step(tmp_path):
+    proc = run([*QUICK, "--lr", "1e30", "--out", str(tmp_path / "n")], tmp_path)
+    assert_clear_error(proc, "is not finite; training stopped")
+    assert "step " in proc.stderr
+
+
+def test_ctrl_c_saves_a_checkpoint(tmp_path):
+    out = tmp_path / "c"
+    proc = subprocess.Popen([sys.executable, os.path.join(HERE, "train.py"), *QUICK, "--steps", "100000",
+                             "--out", str(out), "--figures", str(tmp_path / "figures")],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline:                              # wait until training is under way
+        if (out / "log.csv").exists() and len((out / "log.csv").read_text().splitlines()) > 3:
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "interrupted at step" in err and "Traceback" not in err, err
+    _, _, meta, opt_state = ba.load_checkpoint(str(out / "checkpoint.npz"))
+    assert meta["step"] >= 3 and opt_state["t"] == meta["step"]
