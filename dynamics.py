@@ -348,7 +348,8 @@ def refactor_values(W, params):
 
 def m_step_update(params, cache, targets, lr):
     """One step of the M-step arm, in place: the M-step at fixed alpha, then one gradient step on
-    W_Q, W_K whose E-step sees the new values. -> loss after the M-step (nats), M-step losses, routing grads."""
+    W_Q, W_K whose E-step sees the new values.
+    -> loss after the M-step (nats), the Newton losses, routing grads, u (B, T, d_v) at the new values."""
     H = _rows(cache["H"]).astype(np.float64)                     # (N, d_x) h_i = sum_j alpha_ij x_j
     W = params["W_V"].astype(np.float64) @ params["W_O"].astype(np.float64)
     W, losses = m_step(H, targets.reshape(-1), W)
@@ -723,8 +724,13 @@ def compare_em(seeds=SEEDS, steps=1000, fig_dir="figures", quick=False, mstep_st
     plot_em_vs_sgd(out, os.path.join(fig_dir, "em_vs_sgd.png"))
     plot_two_timescales(out, os.path.join(fig_dir, "two_timescales.png"))
     out = _clean(out)
+    # every number in dynamics.json; the per-step curves (about 2 MB) go to runs/dynamics/curves.json
+    heavy = ("curves", "final_params_first_seed")
     with open(os.path.join(fig_dir, "dynamics.json"), "w") as f:
-        json.dump(out, f)
+        json.dump({k: v for k, v in out.items() if k not in heavy}, f, indent=1)
+    os.makedirs(os.path.join("runs", "dynamics"), exist_ok=True)
+    with open(os.path.join("runs", "dynamics", "curves.json"), "w") as f:
+        json.dump({k: out[k] for k in heavy}, f)
     print(f"wrote {fig_dir}/em_vs_sgd.png, two_timescales.png, dynamics.json in {out['seconds_total']:.0f} s")
     return out
 
@@ -821,8 +827,8 @@ def plot_em_vs_sgd(out, path):
             ax.bar(pos, vals, width, color=color, hatch=hatch, alpha=0.85 if hatch is None else 0.4, edgecolor="k",
                    lw=0.5, label=f"{label.split(' (')[0]}, {'long chain' if hatch is None else 'short sequences'}")
             for p, row, v in zip(pos, rows, vals):
-                if not row[m]["reached"]:
-                    ax.text(p, v, "x", ha="center", va="bottom", fontsize=8)
+                if not row[m]["reached"] or v < 50:
+                    ax.text(p, v, "x" if not row[m]["reached"] else str(v), ha="center", va="bottom", fontsize=8)
             k += 1
     ax.set_xticks(xs, [str(s) for s in seeds])
     ax.set(xlabel="seed", ylabel="steps until the training loss is below the threshold",
@@ -831,7 +837,8 @@ def plot_em_vs_sgd(out, path):
     ax.legend(fontsize=7.5, ncol=2, loc="upper center")
     ax.grid(alpha=0.3, axis="y")
     ax = axes[0, 2]
-    top = 3.6                                                    # an overfitting model can be far above; clipped
+    top = min(5.0, max(3.6, max(row[m]["heldout_loss_bits"] for s in settings for row in out[s]["per_seed"]
+                                for m in ARMS) + 0.05))          # an overfitting model can be far above: clipped at 5
     for j, setting in enumerate(settings):
         ref = out[setting]["heldout_reference"]
         for i, m in enumerate(ARMS):
