@@ -140,7 +140,7 @@ def test_compare_em_quick_writes_everything(tmp_path):
         assert (tmp_path / name).stat().st_size > 0, name
     out = json.loads((tmp_path / "dynamics.json").read_text())
     for key in ("config", "long_chain", "short_sequences", "exact_bayes_reference", "sigma3_sgd",
-                "two_timescales_one_head", "long_horizon_sgd", "transformer", "curves", "seconds_total"):
+                "two_timescales_one_head", "long_horizon_sgd", "transformer", "seconds_total"):
         assert key in out, key
     for setting in ("long_chain", "short_sequences"):
         s = out[setting]
