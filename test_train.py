@@ -13,7 +13,7 @@ import pytest
 import bayesattn as ba
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-QUICK = ["--preset", "quick", "--quiet", "--no-baseline", "--eval-seqs", "200"]
+QUICK = ["--preset", "quick", "--quiet", "--no-baseline", "--no-geometry", "--eval-seqs", "200"]
 
 
 def run(args, tmp_path, timeout=300):

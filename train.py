@@ -161,8 +161,9 @@ def train(model, params, cfg, spec, args, run_dir, opt_state=None, start=0, log_
     log.writerow(["step", "loss_bits", "bayes_loss_bits", "lr", "grad_norm", "seconds"])
     log.writerows(rows)
     stop = min(args.steps, args.stop_after or args.steps)
-    t0 = time.time()
+    t0 = time.time() - (getattr(args, "prior_seconds", 0.0) if start else 0.0)  # wall time counts across resumes
     step = start
+    t_start = time.time()
     bar = tqdm(range(start, stop), initial=start, total=args.steps, desc=f"{args.task}/{args.model}",
                disable=args.quiet, dynamic_ncols=True, mininterval=1.0)
     try:
@@ -187,33 +188,33 @@ def train(model, params, cfg, spec, args, run_dir, opt_state=None, start=0, log_
                 ba.save_checkpoint(os.path.join(snap_dir, f"step_{step + 1:07d}.npz"), params, cfg,
                                    meta=dict(step=step + 1))
             if (step + 1) % 500 == 0:
-                save_run_checkpoint(run_dir, params, cfg, args, step + 1, opt_state)
+                save_run_checkpoint(run_dir, params, cfg, args, step + 1, opt_state, time.time() - t0)
             if step % 10 == 0:
                 bar.set_postfix_str(f"loss {loss_bits:.3f} bits | Bayes {floor:.3f} bits | "
-                                    f"{(step + 1 - start) / max(time.time() - t0, 1e-9):.1f} step/s")
+                                    f"{(step + 1 - start) / max(time.time() - t_start, 1e-9):.1f} step/s")
         step = stop
     except KeyboardInterrupt:
         bar.close()
         print(f"\ninterrupted at step {step}: saving a checkpoint; continue with --resume", file=sys.stderr)
-        save_run_checkpoint(run_dir, params, cfg, args, step, opt_state)
+        save_run_checkpoint(run_dir, params, cfg, args, step, opt_state, time.time() - t0)
         log_file.close()
         sys.exit(130)
     finally:
         log_file.close()
     bar.close()
-    save_run_checkpoint(run_dir, params, cfg, args, step, opt_state)
+    save_run_checkpoint(run_dir, params, cfg, args, step, opt_state, time.time() - t0)
     return params, opt_state, step, time.time() - t0
 
 
-def run_meta(args, step):
-    return dict(task=args.task, model=args.model, step=step, steps=args.steps, seed=args.seed,
+def run_meta(args, step, seconds=0.0):
+    return dict(seconds=round(seconds, 2), task=args.task, model=args.model, step=step, steps=args.steps, seed=args.seed,
                 batch=args.batch, lr=args.lr, warmup=args.warmup, soft=args.soft,
                 replacement=args.replacement, preset=args.preset, V=args.V, K=args.K)
 
 
-def save_run_checkpoint(run_dir, params, cfg, args, step, opt_state):
+def save_run_checkpoint(run_dir, params, cfg, args, step, opt_state, seconds):
     ba.save_checkpoint(os.path.join(run_dir, "checkpoint.npz" if args.model == "transformer" else "mlp.npz"),
-                       params, cfg, run_meta(args, step), opt_state)
+                       params, cfg, run_meta(args, step, seconds), opt_state)
 
 
 # ----------------------------------------------------------------------------
@@ -336,6 +337,7 @@ def parse_args(argv=None):
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
     p.add_argument("--no-baseline", action="store_true", help="do not train the MLP baseline after the transformer")
     p.add_argument("--eval-seqs", type=int, default=EVAL_SEQS, help="held-out sequences for evaluation")
+    p.add_argument("--no-geometry", action="store_true", help="skip the geometry probes (manifold.py) after training")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
     if args.task not in ("bijection", "hmm", "sticky"):
@@ -451,6 +453,10 @@ def main(argv=None):
                 plot_length_generalization(curves, os.path.join(args.figures, "hmm_length_generalization.png"))
     plot_calibration(results, args.task, os.path.join(args.figures, f"{args.task}_calibration.png"))
     print(summary_table(results))
+    if "transformer" in results and not args.no_geometry:
+        import manifold                                  # the geometry probes, into runs/<name>/geometry.json
+        manifold.analyze(os.path.join(args.out, "checkpoint.npz"), fig_dir=args.figures)
+        print(f"geometry: {os.path.join(args.out, 'geometry.json')} and figures/geometry_*.png")
     for name, m in results.items():
         extra = f", length generalisation KL {m['length_generalization']}" if "length_generalization" in m else ""
         print(f"{name}: {m['seconds']} s of training{extra}")
@@ -473,6 +479,7 @@ def load_for_resume(args):
     if args.model == "transformer" and (cfg.d_model, cfg.n_layers, cfg.n_heads) != (args.width, args.layers, args.heads):
         fail(f"--resume: checkpoint {path!r} holds width {cfg.d_model}, {cfg.n_layers} layers, {cfg.n_heads} heads, "
              f"not the {args.width}/{args.layers}/{args.heads} asked for")
+    args.prior_seconds = float(meta.get("seconds", 0.0))
     return params, cfg, opt_state, int(meta["step"])
 
 
