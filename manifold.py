@@ -852,18 +852,24 @@ def summary(g):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+
+    def fail(msg):                                   # one clear line, exit code 2, no usage dump
+        print(f"manifold.py: error: {msg}", file=sys.stderr)
+        sys.exit(2)
+    p.error = fail
     p.add_argument("checkpoint", help="runs/<name>/checkpoint.npz")
     p.add_argument("--figures", default="figures", help="where the geometry_*.png figures go")
     p.add_argument("--n-seqs", type=int, default=500, help="held-out probe sequences")
     p.add_argument("--seed", type=int, default=0, help="seed of the probe sequences")
     args = p.parse_args(argv)
     if args.n_seqs < 2:
-        p.error("--n-seqs must be at least 2")
+        p.error(f"--n-seqs {args.n_seqs}: must be at least 2")
     try:
         g = analyze(args.checkpoint, args.figures, args.n_seqs, args.seed)
     except ValueError as e:
-        print(f"manifold.py: error: {e}", file=sys.stderr)
-        sys.exit(2)
+        p.error(str(e))
+    except OSError as e:
+        p.error(f"--figures {args.figures!r} cannot be written ({e.strerror})")
     print(summary(g))
     print(f"wrote {os.path.join(os.path.dirname(os.path.abspath(args.checkpoint)), 'geometry.json')} "
           f"and {len(g['figures'])} figures in {args.figures}/")

@@ -204,3 +204,18 @@ def test_analyze_smoke_hmm(tmp_path):
     g = mf.analyze(str(run / "checkpoint.npz"), fig_dir=str(tmp_path / "figs"), n_seqs=3, seed=0)
     check_geometry(g, run, tmp_path / "figs")
     assert set(g["key_frame"]["ln"]) == {"observations", "probabilities"}
+
+
+def test_bad_arguments_give_one_clear_line(tmp_path):
+    import subprocess
+    import sys
+    here = os.path.dirname(os.path.abspath(__file__))
+    (tmp_path / "broken.npz").write_bytes(b"PK\x03\x04 truncated")
+    for args, expected in ((["missing.npz"], "checkpoint 'missing.npz' does not exist"),
+                           (["broken.npz"], "is truncated or not a bayesattn checkpoint"),
+                           (["broken.npz", "--n-seqs", "1"], "--n-seqs 1: must be at least 2"),
+                           ([], "the following arguments are required: checkpoint")):
+        proc = subprocess.run([sys.executable, os.path.join(here, "manifold.py"), *args], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1 and expected in lines[0], proc.stderr
