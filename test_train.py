@@ -43,6 +43,7 @@ def assert_clear_error(proc, expected):
     (["--lr", "0"], "--lr 0.0: must be > 0"),
     (["--lr=-1e-3"], "--lr -0.001: must be > 0"),
     (["--dtype", "float16"], "--dtype 'float16': allowed are float32, float64"),
+    (["--pos", "rope"], "--pos 'rope': allowed are learned, sinusoidal"),
     (["--steps", "many"], "invalid int value: 'many'"),
     (["--eval-only", "missing.npz"], "checkpoint 'missing.npz' does not exist"),
     (["--out", "/proc/no/such/dir"], "--out '/proc/no/such/dir' cannot be written"),

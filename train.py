@@ -209,7 +209,7 @@ def train(model, params, cfg, spec, args, run_dir, opt_state=None, start=0, log_
 def run_meta(args, step, seconds=0.0):
     return dict(seconds=round(seconds, 2), task=args.task, model=args.model, step=step, steps=args.steps, seed=args.seed,
                 batch=args.batch, lr=args.lr, warmup=args.warmup, soft=args.soft,
-                replacement=args.replacement, preset=args.preset, V=args.V, K=args.K)
+                replacement=args.replacement, preset=args.preset, V=args.V, K=args.K, pos=args.pos)
 
 
 def save_run_checkpoint(run_dir, params, cfg, args, step, opt_state, seconds):
@@ -222,9 +222,10 @@ def save_run_checkpoint(run_dir, params, cfg, args, step, opt_state, seconds):
 
 def make_transformer(args, spec, params=None, cfg=None):
     if cfg is None:
-        cfg = ba.Config(vocab_size=spec["vocab"], n_classes=spec["classes"], max_len=spec["max_len"],
+        # learned positions cover the longest evaluated length; rows past training stay untrained
+        cfg = ba.Config(vocab_size=spec["vocab"], n_classes=spec["classes"], max_len=spec["eval_len"],
                         d_model=args.width, n_layers=args.layers, n_heads=args.heads,
-                        pos="sinusoidal" if args.task == "hmm" else "learned", dtype=args.dtype)
+                        pos=args.pos, dtype=args.dtype)
     params = params if params is not None else ba.init_params(cfg, args.seed)
     model = (lambda p, tok, tgt, m: ba.loss_and_grads(p, tok, tgt, m, cfg),
              lambda p, tok: ba.predict_proba(p, tok, cfg))
@@ -324,6 +325,8 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, help="warm-up steps")
     p.add_argument("--seed", type=int, default=0, help="seed of the initialisation and the data stream")
     p.add_argument("--dtype", default="float32", help="float32 | float64")
+    p.add_argument("--pos", help="positions: learned | sinusoidal (default: learned for the bijection, "
+                                 "sinusoidal for the HMM)")
     p.add_argument("--soft", action="store_true", help="hmm: train on the exact posterior (soft targets) "
                                                        "instead of sampled hidden states")
     p.add_argument("--replacement", action="store_true", help="bijection: keys drawn with replacement")
@@ -337,6 +340,8 @@ def parse_args(argv=None):
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
     p.add_argument("--no-baseline", action="store_true", help="do not train the MLP baseline after the transformer")
     p.add_argument("--eval-seqs", type=int, default=EVAL_SEQS, help="held-out sequences for evaluation")
+    p.add_argument("--compare-em", action="store_true", help="sticky: SGD against the EM-like schedule and "
+                                                             "the true M-step over 5 seeds (figures/em_vs_sgd.png)")
     p.add_argument("--no-geometry", action="store_true", help="skip the geometry probes (manifold.py) after training")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
@@ -362,11 +367,17 @@ def parse_args(argv=None):
         fail(f"--stop-after {args.stop_after}: must be a positive integer")
     if args.lr is not None and not args.lr > 0:
         fail(f"--lr {args.lr}: must be > 0")
+    args.pos = args.pos or ("sinusoidal" if args.task == "hmm" else "learned")
+    if args.pos not in ("learned", "sinusoidal"):
+        fail(f"--pos {args.pos!r}: allowed are learned, sinusoidal")
     if args.dtype not in ("float32", "float64"):
         fail(f"--dtype {args.dtype!r}: allowed are float32, float64")
     if args.task != "sticky" and args.width % args.heads:
         fail(f"--heads {args.heads} does not divide --width {args.width}")
-    args.out = args.out or os.path.join("runs", f"{args.task}-{args.model}-{args.preset}")
+    if args.compare_em and args.task != "sticky":
+        fail(f"--compare-em belongs to --task sticky, not --task {args.task}")
+    args.out = args.out or os.path.join("runs", f"{args.task}-{args.model}-{args.preset}"
+                                        if args.task != "sticky" else "runs/sticky-one-head")
     return args
 
 
@@ -396,6 +407,9 @@ def main(argv=None):
     args = parse_args(argv)
     if args.task == "sticky":
         import dynamics
+        if args.compare_em:                          # SGD vs EM-like vs true M-step, 5 seeds (minutes)
+            dynamics.compare_em(steps=args.steps or 1000, fig_dir=args.figures)
+            return None
         metrics = dynamics.run_sticky(steps=args.steps or 1000, seed=args.seed, lr=args.lr or 0.01,
                                       fig_dir=args.figures, out_dir=args.out)
         print(json.dumps({k: v for k, v in metrics.items() if not isinstance(v, (list, dict))}, indent=1))
@@ -471,7 +485,7 @@ def load_for_resume(args):
     except ValueError as e:
         fail(f"--resume: {e}")
     want = run_meta(args, meta.get("step", 0))
-    for key in ("task", "model", "seed", "batch", "steps", "lr", "warmup", "soft", "replacement", "V", "K"):
+    for key in ("task", "model", "seed", "batch", "steps", "lr", "warmup", "soft", "replacement", "V", "K", "pos"):
         if meta.get(key) != want[key]:
             fail(f"--resume: checkpoint {path!r} has {key}={meta.get(key)!r} but this run asks for {want[key]!r}")
     if opt_state is None:
