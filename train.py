@@ -325,8 +325,7 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, help="warm-up steps")
     p.add_argument("--seed", type=int, default=0, help="seed of the initialisation and the data stream")
     p.add_argument("--dtype", default="float32", help="float32 | float64")
-    p.add_argument("--pos", help="positions: learned | sinusoidal (default: learned for the bijection, "
-                                 "sinusoidal for the HMM)")
+    p.add_argument("--pos", default="learned", help="positions: learned | sinusoidal")
     p.add_argument("--soft", action="store_true", help="hmm: train on the exact posterior (soft targets) "
                                                        "instead of sampled hidden states")
     p.add_argument("--replacement", action="store_true", help="bijection: keys drawn with replacement")
@@ -367,7 +366,6 @@ def parse_args(argv=None):
         fail(f"--stop-after {args.stop_after}: must be a positive integer")
     if args.lr is not None and not args.lr > 0:
         fail(f"--lr {args.lr}: must be > 0")
-    args.pos = args.pos or ("sinusoidal" if args.task == "hmm" else "learned")
     if args.pos not in ("learned", "sinusoidal"):
         fail(f"--pos {args.pos!r}: allowed are learned, sinusoidal")
     if args.dtype not in ("float32", "float64"):
