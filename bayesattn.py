@@ -42,6 +42,10 @@ from numba import njit, prange  # noqa: E402
 
 LN_EPS = 1e-5
 GELU_C = math.sqrt(2.0 / math.pi)  # tanh-approximation constant of GELU
+# Numba kernels may reorder sums and fuse multiply-adds (so row reductions vectorise); never full
+# fastmath, which assumes no NaN or inf. Kernels take constants in their input's precision,
+# f = x.dtype.type: a Python float is float64 and would turn every float32 operation into float64.
+FASTMATH = {"reassoc", "contract"}
 
 
 # ----------------------------------------------------------------------------
@@ -85,7 +89,9 @@ def init_params(cfg, seed=0):
     rng = np.random.default_rng(seed)
     C, M, L = cfg.d_model, cfg.d_mlp, cfg.n_layers
     std, std_res = 0.02, 0.02 / math.sqrt(2 * L)
-    p = {"wte": rng.normal(0, std, (cfg.vocab_size, C))}
+    # With fixed sinusoidal positions (entries of RMS 1/sqrt 2) the token embeddings start at the
+    # same scale; at 0.02 the position would drown the token identity after the first LayerNorm.
+    p = {"wte": rng.normal(0, std if cfg.pos == "learned" else math.sqrt(0.5), (cfg.vocab_size, C))}
     if cfg.pos == "learned":
         p["wpe"] = rng.normal(0, std, (cfg.max_len, C))
     for l in range(L):
@@ -169,23 +175,24 @@ def layernorm_backward_ref(dy, x, mean, rstd, g):
     return dx.astype(x.dtype)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, fastmath=FASTMATH)
 def layernorm_forward_kernel(x, g, b, eps):
     """Numba twin of layernorm_forward_ref; one row per parallel iteration."""
     N, C = x.shape
+    f = x.dtype.type
     y = np.empty_like(x)
     mean = np.empty(N, dtype=x.dtype)
     rstd = np.empty(N, dtype=x.dtype)
     for n in prange(N):
-        m = 0.0
+        m = f(0)
         for c in range(C):
             m += x[n, c]
-        m /= C
-        v = 0.0
+        m /= f(C)
+        v = f(0)
         for c in range(C):
             d = x[n, c] - m
             v += d * d
-        r = 1.0 / math.sqrt(v / C + eps)
+        r = f(1) / math.sqrt(v / f(C) + f(eps))
         for c in range(C):
             y[n, c] = (x[n, c] - m) * r * g[c] + b[c]
         mean[n] = m
@@ -193,21 +200,22 @@ def layernorm_forward_kernel(x, g, b, eps):
     return y, mean, rstd
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, fastmath=FASTMATH)
 def layernorm_backward_kernel(dy, x, mean, rstd, g):
     """Numba twin of layernorm_backward_ref (dx only; dg, db are sums done in NumPy)."""
     N, C = x.shape
+    f = x.dtype.type
     dx = np.empty_like(x)
     for n in prange(N):
         m, r = mean[n], rstd[n]
-        s1 = 0.0  # sum_c dxhat
-        s2 = 0.0  # sum_c dxhat * xhat
+        s1 = f(0)  # sum_c dxhat
+        s2 = f(0)  # sum_c dxhat * xhat
         for c in range(C):
             dxhat = dy[n, c] * g[c]
             s1 += dxhat
             s2 += dxhat * (x[n, c] - m) * r
-        s1 /= C
-        s2 /= C
+        s1 /= f(C)
+        s2 /= f(C)
         for c in range(C):
             xhat = (x[n, c] - m) * r
             dx[n, c] = r * (dy[n, c] * g[c] - s1 - xhat * s2)
@@ -246,29 +254,39 @@ def gelu_backward_ref(dy, x):
     return dy * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * dz)
 
 
-@njit(cache=True, parallel=True)
+# The kernels use the exact identity 0.5 (1 + tanh z) = 1 / (1 + exp(-2z)) = sigma(2z):
+# exp in float32 is several times faster than tanh, and y = x sigma(2z).
+
+@njit(cache=True, parallel=True, fastmath=FASTMATH)
 def gelu_forward_kernel(x):
-    """x (N, M) -> y (N, M); Numba twin of gelu_forward_ref."""
+    """x (N, M) -> y (N, M); Numba twin of gelu_forward_ref, as y = x / (1 + exp(-2z))."""
     N, M = x.shape
+    f = x.dtype.type
+    c, a, one = f(GELU_C), f(0.044715), f(1)
     y = np.empty_like(x)
     for n in prange(N):
         for m in range(M):
             xi = x[n, m]
-            y[n, m] = 0.5 * xi * (1.0 + math.tanh(GELU_C * (xi + 0.044715 * xi * xi * xi)))
+            z = c * (xi + a * xi * xi * xi)
+            y[n, m] = xi / (one + math.exp(-(z + z)))
     return y
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, fastmath=FASTMATH)
 def gelu_backward_kernel(dy, x):
-    """Numba twin of gelu_backward_ref."""
+    """Numba twin of gelu_backward_ref. With s = sigma(2z) = 0.5 (1 + tanh z), 1 - tanh^2 z = 4 s (1 - s):
+    dy/dx = s + 2 x s (1 - s) dz."""
     N, M = x.shape
+    f = x.dtype.type
+    c, a, one = f(GELU_C), f(0.044715), f(1)
     dx = np.empty_like(x)
     for n in prange(N):
         for m in range(M):
             xi = x[n, m]
-            t = math.tanh(GELU_C * (xi + 0.044715 * xi * xi * xi))
-            dz = GELU_C * (1.0 + 3 * 0.044715 * xi * xi)
-            dx[n, m] = dy[n, m] * (0.5 * (1.0 + t) + 0.5 * xi * (1.0 - t * t) * dz)
+            z = c * (xi + a * xi * xi * xi)
+            s = one / (one + math.exp(-(z + z)))
+            dz = c * (one + f(3) * a * xi * xi)
+            dx[n, m] = dy[n, m] * (s + f(2) * xi * s * (one - s) * dz)
     return dx
 
 
@@ -291,22 +309,24 @@ def softmax_ref(s):
     return e / e.sum(axis=-1, keepdims=True)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, fastmath=FASTMATH)
 def softmax_kernel(s):
     """s (N, K) -> rows of probabilities; Numba twin of softmax_ref."""
     N, K = s.shape
+    f = s.dtype.type
     p = np.empty_like(s)
     for n in prange(N):
         mx = s[n, 0]
         for k in range(1, K):
             mx = max(mx, s[n, k])
-        z = 0.0
+        z = f(0)
         for k in range(K):
             e = math.exp(s[n, k] - mx)
             p[n, k] = e
             z += e
+        rz = f(1) / z
         for k in range(K):
-            p[n, k] /= z
+            p[n, k] *= rz
     return p
 
 
@@ -347,54 +367,52 @@ def attention_backward_ref(u, alpha, q, k, v):
     return dq, dk, dv
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, fastmath=FASTMATH)
 def attention_forward_kernel(q, k, v):
-    """Numba twin of attention_forward_ref; one (batch, head) per parallel iteration."""
+    """Numba twin of attention_forward_ref; one (batch, head) per parallel iteration: two small
+    matrix products (BLAS) around a causal softmax that never touches j > i."""
     B, NH, T, hs = q.shape
-    o = np.zeros_like(q)
+    f = q.dtype.type
+    o = np.empty_like(q)
     alpha = np.zeros((B, NH, T, T), dtype=q.dtype)
-    scale = 1.0 / math.sqrt(hs)
+    scale = f(1.0 / math.sqrt(hs))
     for bh in prange(B * NH):
         bb, h = bh // NH, bh % NH
+        s = q[bb, h] @ k[bb, h].T                           # (T, T)  q_i . k_j, unscaled; only j <= i is read
         for i in range(T):
-            # scores s_ij for j <= i, and their maximum for a stable softmax
-            mx = -np.inf
+            # alpha_ij = softmax over j <= i of s_ij / sqrt(hs), stable: subtract the row maximum
+            mx = s[i, 0]
+            for j in range(1, i + 1):
+                mx = max(mx, s[i, j])
+            z = f(0)
             for j in range(i + 1):
-                s = 0.0
-                for c in range(hs):
-                    s += q[bb, h, i, c] * k[bb, h, j, c]
-                s *= scale
-                alpha[bb, h, i, j] = s
-                mx = max(mx, s)
-            z = 0.0
-            for j in range(i + 1):
-                e = math.exp(alpha[bb, h, i, j] - mx)
+                e = math.exp((s[i, j] - mx) * scale)
                 alpha[bb, h, i, j] = e
                 z += e
+            rz = f(1) / z
             for j in range(i + 1):
-                a = alpha[bb, h, i, j] / z
-                alpha[bb, h, i, j] = a                      # alpha_ij
-                for c in range(hs):
-                    o[bb, h, i, c] += a * v[bb, h, j, c]    # o_i = sum_j alpha_ij v_j
+                alpha[bb, h, i, j] *= rz                    # alpha_ij
+        o[bb, h] = alpha[bb, h] @ v[bb, h]                  # o_i = sum_j alpha_ij v_j
     return o, alpha
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, fastmath=FASTMATH)
 def attention_backward_kernel(u, alpha, q, k, v):
     """Numba twin of attention_backward_ref. Each (batch, head) owns its dq, dk, dv."""
     B, NH, T, hs = q.shape
+    f = q.dtype.type
     dq = np.zeros_like(q)
     dk = np.zeros_like(k)
     dv = np.zeros_like(v)
-    scale = 1.0 / math.sqrt(hs)
+    scale = f(1.0 / math.sqrt(hs))
     for bh in prange(B * NH):
         bb, h = bh // NH, bh % NH
-        b = np.empty(T, dtype=np.float64)
+        b = np.empty(T, dtype=q.dtype)
         for i in range(T):
             # b_ij = u_i . v_j and b_bar_i = sum_j alpha_ij b_ij
-            b_bar = 0.0
+            b_bar = f(0)
             for j in range(i + 1):
-                bij = 0.0
+                bij = f(0)
                 for c in range(hs):
                     bij += u[bb, h, i, c] * v[bb, h, j, c]
                 b[j] = bij
@@ -439,10 +457,11 @@ def cross_entropy_ref(logits, targets, weights):
     return float(loss), dlogits.astype(logits.dtype)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, fastmath=FASTMATH)
 def cross_entropy_kernel(logits, targets, weights, wsum):
     """Soft-target Numba twin of cross_entropy_ref; returns per-row loss (N,) and dlogits."""
     N, K = logits.shape
+    f = logits.dtype.type
     rows = np.zeros(N)
     dlogits = np.zeros_like(logits)
     for n in prange(N):
@@ -451,27 +470,30 @@ def cross_entropy_kernel(logits, targets, weights, wsum):
         mx = logits[n, 0]
         for k in range(1, K):
             mx = max(mx, logits[n, k])
-        z = 0.0
+        z = f(0)
         for k in range(K):
-            z += math.exp(logits[n, k] - mx)
+            e = math.exp(logits[n, k] - mx)
+            dlogits[n, k] = e                               # softmax(z_n)_k * z, normalised below
+            z += e
         logz = math.log(z) + mx
-        ptot = 0.0
+        ptot = f(0)
         loss = 0.0
         for k in range(K):
             ptot += targets[n, k]
             if targets[n, k] != 0.0:
                 loss -= targets[n, k] * (logits[n, k] - logz)
-        rows[n] = weights[n] * loss / wsum
+        w = weights[n] / wsum
+        rows[n] = w * loss
         for k in range(K):
-            q = math.exp(logits[n, k] - logz)
-            dlogits[n, k] = weights[n] * (q * ptot - targets[n, k]) / wsum
+            dlogits[n, k] = f(w) * (dlogits[n, k] / z * ptot - targets[n, k])
     return rows, dlogits
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, fastmath=FASTMATH)
 def cross_entropy_hard_kernel(logits, targets, weights, wsum):
     """Hard-target (class index) version: p is one-hot, so loss_n = logsumexp(z_n) - z_n[y_n]."""
     N, K = logits.shape
+    f = logits.dtype.type
     rows = np.zeros(N)
     dlogits = np.zeros_like(logits)
     for n in prange(N):
@@ -480,14 +502,18 @@ def cross_entropy_hard_kernel(logits, targets, weights, wsum):
         mx = logits[n, 0]
         for k in range(1, K):
             mx = max(mx, logits[n, k])
-        z = 0.0
+        z = f(0)
         for k in range(K):
-            z += math.exp(logits[n, k] - mx)
+            e = math.exp(logits[n, k] - mx)
+            dlogits[n, k] = e                               # softmax(z_n)_k * z, normalised below
+            z += e
         logz = math.log(z) + mx
-        rows[n] = weights[n] * (logz - logits[n, targets[n]]) / wsum
+        w = weights[n] / wsum
+        rows[n] = w * (logz - logits[n, targets[n]])
+        wz = f(w) / z
         for k in range(K):
-            dlogits[n, k] = weights[n] * math.exp(logits[n, k] - logz) / wsum
-        dlogits[n, targets[n]] -= weights[n] / wsum
+            dlogits[n, k] *= wz                             # w_n softmax(z_n)_k / sum w
+        dlogits[n, targets[n]] -= f(w)                      # minus w_n onehot(y_n) / sum w
     return rows, dlogits
 
 

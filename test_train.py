@@ -124,6 +124,6 @@ def test_ctrl_c_saves_a_checkpoint(tmp_path):
         time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130 and "interrupted at step" in err and "Traceback" not in err, err
+    assert proc.returncode == 130 and "interrupted after step" in err and "Traceback" not in err, err
     _, _, meta, opt_state = ba.load_checkpoint(str(out / "checkpoint.npz"))
     assert meta["step"] >= 3 and opt_state["t"] == meta["step"]

@@ -18,6 +18,7 @@ import argparse  # noqa: E402
 import csv  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
+import signal  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 
@@ -163,6 +164,16 @@ def train(model, params, cfg, spec, args, run_dir, opt_state=None, start=0, log_
     stop = min(args.steps, args.stop_after or args.steps)
     t0 = time.time() - (getattr(args, "prior_seconds", 0.0) if start else 0.0)  # wall time counts across resumes
     step = start
+    # Ctrl-C only raises a flag: the current step finishes (parameters and optimiser state stay
+    # consistent, so --resume is exact), then the loop saves a checkpoint and exits.
+    # A second Ctrl-C interrupts at once.
+    interrupted = []
+
+    def on_sigint(signum, frame):
+        if interrupted:
+            raise KeyboardInterrupt
+        interrupted.append(signum)
+    previous_handler = signal.signal(signal.SIGINT, on_sigint)
     t_start = time.time()
     bar = tqdm(range(start, stop), initial=start, total=args.steps, desc=f"{args.task}/{args.model}",
                disable=args.quiet, dynamic_ncols=True, mininterval=1.0)
@@ -192,15 +203,16 @@ def train(model, params, cfg, spec, args, run_dir, opt_state=None, start=0, log_
             if step % 10 == 0:
                 bar.set_postfix_str(f"loss {loss_bits:.3f} bits | Bayes {floor:.3f} bits | "
                                     f"{(step + 1 - start) / max(time.time() - t_start, 1e-9):.1f} step/s")
+            if interrupted:
+                bar.close()
+                print(f"\ninterrupted after step {step + 1}: checkpoint saved; continue with --resume",
+                      file=sys.stderr)
+                save_run_checkpoint(run_dir, params, cfg, args, step + 1, opt_state, time.time() - t0)
+                sys.exit(130)
         step = stop
-    except KeyboardInterrupt:
-        bar.close()
-        print(f"\ninterrupted at step {step}: saving a checkpoint; continue with --resume", file=sys.stderr)
-        save_run_checkpoint(run_dir, params, cfg, args, step, opt_state, time.time() - t0)
-        log_file.close()
-        sys.exit(130)
     finally:
         log_file.close()
+        signal.signal(signal.SIGINT, previous_handler)
     bar.close()
     save_run_checkpoint(run_dir, params, cfg, args, step, opt_state, time.time() - t0)
     return params, opt_state, step, time.time() - t0

@@ -1,0 +1,394 @@
+"""Benchmark: one training step of bayesattn against the same transformer in PyTorch (issue 6).
+
+    python bench.py                          # the three training shapes; PyTorch too if it is installed
+    python bench.py --quick                  # tiny shapes, few repeats: a smoke test
+    python bench.py --shapes hmm-paper --repeats 60
+
+A step is what train.py does: loss_and_grads, clip_grad_norm, adamw_step (train.py's betas,
+weight decay and clip). PyTorch gets the same float32 parameters, batch, shapes and thread count
+(torch.set_num_threads(2)): pre-LN blocks, separate q/k/v/o projections with biases, GELU (tanh),
+learned positions, final LN, untied unembedding, AdamW with decay on the same tensors, cross-entropy
+on the masked positions. Ours and PyTorch's steps are timed alternately, so a change in the load of
+this shared machine falls on both; every number is a median over repeats, with the load beside it.
+
+Also reported: each Numba kernel against its NumPy reference at the training shapes; the step's
+GFLOP/s (matmul + attention flops counted analytically) beside a large float32 matmul (sgemm) on this
+machine; Numba compile time (fresh cache against cached); peak resident memory of a training loop.
+The last line is `worst ratio ours/torch: R` (R = nan without PyTorch).
+"""
+
+import os
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as bayesattn.py and train.py: BLAS threads fight Numba's
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+
+import argparse  # noqa: E402
+import math  # noqa: E402
+import resource  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+
+import numba  # noqa: E402
+import numpy as np  # noqa: E402
+
+import bayesattn as ba  # noqa: E402
+import train  # noqa: E402  (its task_spec, betas, weight decay and clip: the step is the one train.py takes)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+THREADS = 2             # PyTorch's intra-op threads; Numba uses its default, one per core
+LR = 1e-3               # a constant learning rate: the schedule costs nothing
+SHAPES = {
+    # name -> task and sizes; bijection: vocab 40, classes 20, T 38; hmm: vocab 102, classes 5, T 72
+    "bij-default": dict(task="bijection", width=64, layers=3, heads=4, batch=64),
+    "bij-paper":   dict(task="bijection", width=96, layers=4, heads=4, batch=64),
+    "hmm-paper":   dict(task="hmm", width=128, layers=6, heads=8, batch=32),
+    # --quick
+    "tiny-bij":    dict(task="bijection", V=6, width=16, layers=1, heads=2, batch=8),
+    "tiny-hmm":    dict(task="hmm", K=4, width=16, layers=1, heads=2, batch=4),
+}
+FULL, QUICK = ["bij-default", "bij-paper", "hmm-paper"], ["tiny-bij", "tiny-hmm"]
+
+
+def fail(msg):
+    """One clear line on stderr, exit code 2, no traceback."""
+    print(f"bench.py: error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def load():
+    return "load %.2f %.2f %.2f" % os.getloadavg()
+
+
+def median_ms(times):
+    return 1e3 * float(np.median(times))
+
+
+def spread(times):
+    """Inter-quartile range in ms, the noise beside a median."""
+    lo, hi = np.percentile(times, [25, 75])
+    return f"IQR {1e3 * lo:.3g}-{1e3 * hi:.3g}"
+
+
+def timed(f):
+    t = time.perf_counter()
+    f()
+    return time.perf_counter() - t
+
+
+def interleaved(fs, repeats, warmup):
+    """Time every f in fs `repeats` times, alternating between them; -> list of lists of seconds."""
+    for _ in range(warmup):
+        for f in fs:
+            f()
+    times = [[] for _ in fs]
+    for _ in range(repeats):
+        for f, ts in zip(fs, times):
+            ts.append(timed(f))
+    return times
+
+
+# ----------------------------------------------------------------------------
+# the problem: config, parameters and one fixed batch of a shape
+
+def setup(name):
+    s = SHAPES[name]
+    spec = train.task_spec(s["task"], V=s.get("V", train.V), K=s.get("K", train.HMM_K))
+    cfg = ba.Config(vocab_size=spec["vocab"], n_classes=spec["classes"], max_len=spec["max_len"],
+                    d_model=s["width"], n_layers=s["layers"], n_heads=s["heads"], dtype="float32")
+    batch = spec["batch"](np.random.default_rng(0), s["batch"])
+    return cfg, ba.init_params(cfg, 0), batch
+
+
+def step_flops(cfg, B, T):
+    """Analytic flops of one step: the matmuls and attention's two (causal) products, forward and
+    backward. Backward costs twice the forward (dx and dw; b, dv, dq, dk against s and o)."""
+    N, C, M, K, NH = B * T, cfg.d_model, cfg.d_mlp, cfg.n_classes, cfg.n_heads
+    pairs = B * NH * T * (T + 1) // 2                      # (i, j) with j <= i, per batch and head
+    layer = 2 * N * C * C * 4 + 2 * N * C * M * 2 + 2 * pairs * (C // NH) * 2
+    return 3 * (cfg.n_layers * layer + 2 * N * C * K)
+
+
+def ours_step(cfg, params, batch):
+    """-> a closure taking one training step exactly as train.py does."""
+    state = ba.adamw_init(params)
+
+    def step():
+        loss, grads = ba.loss_and_grads(params, batch["tokens"], batch["targets"], batch["mask"], cfg)
+        ba.clip_grad_norm(grads, train.GRAD_CLIP)
+        ba.adamw_step(params, grads, state, LR, beta1=train.BETAS[0], beta2=train.BETAS[1],
+                      weight_decay=train.WEIGHT_DECAY)
+        return loss
+    return step
+
+
+# ----------------------------------------------------------------------------
+# the same transformer in PyTorch
+
+def torch_step(cfg, params, batch):
+    """-> (closure taking one PyTorch training step, the loss at the initial parameters)."""
+    import torch
+    import torch.nn.functional as F
+    P = {k: torch.nn.Parameter(torch.from_numpy(v.copy())) for k, v in params.items()}
+    tokens, targets = torch.from_numpy(batch["tokens"]), torch.from_numpy(batch["targets"]).reshape(-1)
+    mask = torch.from_numpy(batch["mask"].astype(np.float32)).reshape(-1)
+    B, T = batch["tokens"].shape
+    C, NH, K = cfg.d_model, cfg.n_heads, cfg.n_classes
+
+    def linear(x, w, b):                                   # our weights are (Cin, Cout)
+        return F.linear(x, P[w].t(), P[b])
+
+    def heads(x):
+        return x.view(B, T, NH, C // NH).transpose(1, 2)   # (B, NH, T, hs)
+
+    def loss_fn():
+        x = P["wte"][tokens] + P["wpe"][:T]                # (B, T, C)
+        for l in range(cfg.n_layers):
+            pre = f"blocks.{l}."
+            h = F.layer_norm(x, (C,), P[pre + "ln1.g"], P[pre + "ln1.b"], eps=ba.LN_EPS)
+            q, k, v = (heads(linear(h, pre + f"attn.w{n}", pre + f"attn.b{n}")) for n in "qkv")
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + linear(o.transpose(1, 2).reshape(B, T, C), pre + "attn.wo", pre + "attn.bo")
+            h = F.layer_norm(x, (C,), P[pre + "ln2.g"], P[pre + "ln2.b"], eps=ba.LN_EPS)
+            a = F.gelu(linear(h, pre + "mlp.w1", pre + "mlp.b1"), approximate="tanh")
+            x = x + linear(a, pre + "mlp.w2", pre + "mlp.b2")
+        x = F.layer_norm(x, (C,), P["lnf.g"], P["lnf.b"], eps=ba.LN_EPS)
+        logits = linear(x, "unembed.w", "unembed.b").reshape(B * T, K)
+        return (F.cross_entropy(logits, targets, reduction="none") * mask).sum() / mask.sum()
+
+    groups = [dict(params=[p for n, p in P.items() if ba.default_decay(n)], weight_decay=train.WEIGHT_DECAY),
+              dict(params=[p for n, p in P.items() if not ba.default_decay(n)], weight_decay=0.0)]
+    opt = torch.optim.AdamW(groups, lr=LR, betas=train.BETAS, eps=1e-8)
+    with torch.no_grad():
+        loss0 = float(loss_fn())
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(list(P.values()), train.GRAD_CLIP)
+        opt.step()
+        return loss
+    return step, loss0
+
+
+def torch_available():
+    try:
+        import torch
+    except ImportError:
+        return None
+    torch.set_num_threads(THREADS)
+    return torch.__version__
+
+
+# ----------------------------------------------------------------------------
+# the kernels against their NumPy references
+
+def kernel_cases(cfg, batch):
+    """name -> (kernel call, reference call) on random float32 inputs of the training shape."""
+    rng = np.random.default_rng(1)
+    B, T = batch["tokens"].shape
+    N, C, M, K, NH = B * T, cfg.d_model, cfg.d_mlp, cfg.n_classes, cfg.n_heads
+    r = lambda *s: rng.normal(size=s).astype(np.float32)
+    q, k, v, u = (r(B, NH, T, C // NH) for _ in range(4))
+    _, alpha = ba.attention_forward_ref(q, k, v)
+    alpha = alpha.astype(np.float32)
+    x, g, b, dy, h, dh = r(N, C), r(C), r(C), r(N, C), r(N, M), r(N, M)
+    _, mean, rstd = ba.layernorm_forward_ref(x, g, b)
+    s = r(B * NH * T, T) * 3                               # rows of attention scores
+    logits, t, w = r(B, T, K), batch["targets"], batch["mask"]
+    return {
+        f"attention fwd {q.shape}": (lambda: ba.attention_forward_kernel(q, k, v),
+                                     lambda: ba.attention_forward_ref(q, k, v)),
+        f"attention bwd {q.shape}": (lambda: ba.attention_backward_kernel(u, alpha, q, k, v),
+                                     lambda: ba.attention_backward_ref(u, alpha, q, k, v)),
+        f"softmax {s.shape}": (lambda: ba.softmax_kernel(s), lambda: ba.softmax_ref(s)),
+        f"layernorm fwd {x.shape}": (lambda: ba.layernorm_forward_kernel(x, g, b, ba.LN_EPS),
+                                     lambda: ba.layernorm_forward_ref(x, g, b)),
+        f"layernorm bwd {x.shape}": (lambda: ba.layernorm_backward_kernel(dy, x, mean, rstd, g),
+                                     lambda: ba.layernorm_backward_ref(dy, x, mean, rstd, g)),
+        f"gelu fwd {h.shape}": (lambda: ba.gelu_forward_kernel(h), lambda: ba.gelu_forward_ref(h)),
+        f"gelu bwd {h.shape}": (lambda: ba.gelu_backward_kernel(dh, h), lambda: ba.gelu_backward_ref(dh, h)),
+        f"cross-entropy {logits.shape}": (lambda: ba.cross_entropy(logits, t, w),
+                                          lambda: ba.cross_entropy_ref(logits.reshape(-1, K), t.reshape(-1),
+                                                                       w.reshape(-1))),
+    }
+
+
+def bench_kernels(cfg, batch, repeats):
+    """Prints one line per kernel; -> the smallest speed-up (reference time / kernel time)."""
+    worst = math.inf
+    for name, (kernel, ref) in kernel_cases(cfg, batch).items():
+        tk, tr = interleaved([kernel, ref], repeats, warmup=2)
+        speedup = np.median(tr) / np.median(tk)
+        worst = min(worst, speedup)
+        print(f"    {name:34s} numba {median_ms(tk):8.3f} ms   numpy {median_ms(tr):8.3f} ms   "
+              f"x{speedup:5.1f}{'' if speedup >= 3 else '   (target x3 not met)'}")
+    return worst
+
+
+# ----------------------------------------------------------------------------
+# measurements in fresh processes: sgemm ceiling, compile time, memory
+
+def child(code, env=None, timeout=600):
+    """Run `code` in a fresh Python with this folder on the path; -> its stdout, stripped."""
+    out = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {HERE!r})\n" + code],
+                         capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=timeout)
+    if out.returncode != 0:
+        raise RuntimeError(f"child process failed: {out.stderr.strip().splitlines()[-1:]}")
+    return out.stdout.strip()
+
+
+SGEMM = """
+import time, numpy as np
+n, reps = {n}, {reps}
+a, b = (np.random.default_rng(0).normal(size=(n, n)).astype(np.float32) for _ in range(2))
+a @ b
+ts = []
+for _ in range(reps):
+    t = time.perf_counter(); a @ b; ts.append(time.perf_counter() - t)
+print(2 * n ** 3 / np.median(ts) / 1e9)
+"""
+
+
+def sgemm_gflops(threads, n, reps):
+    return float(child(SGEMM.format(n=n, reps=reps), env={"OPENBLAS_NUM_THREADS": str(threads)}))
+
+
+COMPILE = """
+import time
+t0 = time.perf_counter()
+import numpy as np, bayesattn as ba
+cfg = ba.Config(vocab_size=7, n_classes=5, max_len=6, d_model=8, n_layers=1, n_heads=2)
+rng = np.random.default_rng(0)
+ba.loss_and_grads(ba.init_params(cfg), rng.integers(0, 7, (2, 6)), rng.integers(0, 5, (2, 6)), np.ones((2, 6)), cfg)
+print(time.perf_counter() - t0)
+"""
+
+
+def compile_seconds():
+    """Import + first float32 step in a fresh process: with an empty Numba cache, then with it filled."""
+    with tempfile.TemporaryDirectory() as cache:
+        env = {"NUMBA_CACHE_DIR": cache}                   # leaves the project's own cache alone
+        return float(child(COMPILE, env)), float(child(COMPILE, env))
+
+
+def memory_child(name, steps):
+    """A training loop of `steps` steps as train.py runs it (a new batch each step); prints peak RSS in MiB."""
+    cfg, params, _ = setup(name)
+    s = SHAPES[name]
+    spec = train.task_spec(s["task"], V=s.get("V", train.V), K=s.get("K", train.HMM_K))
+    state = ba.adamw_init(params)
+    for step in range(steps):
+        batch = spec["batch"](np.random.default_rng((0, step)), s["batch"])
+        loss, grads = ba.loss_and_grads(params, batch["tokens"], batch["targets"], batch["mask"], cfg)
+        ba.clip_grad_norm(grads, train.GRAD_CLIP)
+        ba.adamw_step(params, grads, state, LR, beta1=train.BETAS[0], beta2=train.BETAS[1],
+                      weight_decay=train.WEIGHT_DECAY)
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)   # Linux: KiB
+
+
+def peak_rss_mib(name, steps):
+    return float(child(f"import bench; bench.memory_child({name!r}, {steps})"))
+
+
+# ----------------------------------------------------------------------------
+# command line
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.error = fail
+    p.add_argument("--quick", action="store_true", help=f"tiny shapes ({', '.join(QUICK)}), few repeats")
+    p.add_argument("--repeats", type=int, help="timed steps per shape (default 40; --quick: 5)")
+    p.add_argument("--shapes", help=f"comma-separated subset of {', '.join(SHAPES)}")
+    p.add_argument("--profile", action="store_true", help="also print cProfile's hottest functions of our step")
+    args = p.parse_args(argv)
+    if args.repeats is None:
+        args.repeats = 5 if args.quick else 40
+    if args.repeats < 1:
+        fail(f"--repeats {args.repeats}: must be a positive integer")
+    if args.shapes is None:
+        args.shapes = QUICK if args.quick else FULL
+    else:
+        args.shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
+        unknown = [s for s in args.shapes if s not in SHAPES]
+        if unknown or not args.shapes:
+            fail(f"--shapes {','.join(unknown) or '(empty)'}: allowed are {', '.join(SHAPES)}")
+    return args
+
+
+def profile_step(step, n=10):
+    import cProfile
+    import pstats
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(n):
+        step()
+    prof.disable()
+    stats = pstats.Stats(prof).sort_stats("tottime")
+    total = sum(v[2] for v in stats.stats.values())
+    for (path, line, fn), (_, calls, tottime, _, _) in sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:8]:
+        print(f"      {100 * tottime / total:5.1f}%  {1e3 * tottime / n:7.2f} ms/step  "
+              f"{os.path.basename(path)}:{line}({fn})")
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    # first, while this process is small: a child's ru_maxrss starts from its parent's at the fork
+    mem_shape, mem_steps = (QUICK[0], (5, 20)) if args.quick else ("bij-default", (50, 200))
+    peak_rss_mib(mem_shape, 1)                             # fills Numba's cache: compiling is not training
+    rss = [peak_rss_mib(mem_shape, n) for n in mem_steps]
+    rss_load = load()
+    torch_version = torch_available()
+    warmup = 2 if args.quick else 5
+    print(f"bench.py  {load()}  numpy {np.__version__}  numba {numba.__version__} "
+          f"({numba.config.NUMBA_NUM_THREADS} threads)  torch {torch_version or 'absent'} "
+          f"({THREADS} threads)  OPENBLAS_NUM_THREADS={os.environ['OPENBLAS_NUM_THREADS']}  "
+          f"repeats {args.repeats}")
+
+    n, reps = (256, 3) if args.quick else (2048, 7)
+    ceiling = {t: sgemm_gflops(t, n, reps) for t in (1, 2)}
+    print(f"sgemm {n}x{n} float32: {ceiling[1]:.1f} GFLOP/s at 1 BLAS thread, {ceiling[2]:.1f} GFLOP/s at 2; "
+          f"the step's matmuls use {os.environ['OPENBLAS_NUM_THREADS']} (OPENBLAS_NUM_THREADS)  ({load()})")
+
+    ratios = {}
+    for name in args.shapes:
+        cfg, params, batch = setup(name)
+        B, T = batch["tokens"].shape
+        print(f"\n{name}: vocab {cfg.vocab_size}, classes {cfg.n_classes}, T {T}, width {cfg.d_model}, "
+              f"{cfg.n_layers} layers, {cfg.n_heads} heads, batch {B}, {ba.count_params(params)} parameters")
+        ours = ours_step(cfg, params, batch)
+        fs = [ours]
+        if torch_version:
+            theirs, loss_torch = torch_step(cfg, params, batch)
+            loss_ours, _ = ba.loss_and_grads(params, batch["tokens"], batch["targets"], batch["mask"], cfg)
+            print(f"  initial loss: ours {loss_ours:.6f}  torch {loss_torch:.6f}  (same model, same batch)")
+            fs.append(theirs)
+        times = interleaved(fs, args.repeats, warmup)
+        flops = step_flops(cfg, B, T)
+        gflops = flops / np.median(times[0]) / 1e9
+        print(f"  step: ours  {median_ms(times[0]):8.2f} ms ({spread(times[0])})  {gflops:.1f} GFLOP/s = "
+              f"{100 * gflops / ceiling[1]:.0f}% of 1-thread sgemm, {100 * gflops / ceiling[2]:.0f}% of 2-thread "
+              f"({flops / 1e9:.3f} GFLOP/step)  ({load()})")
+        if torch_version:
+            ratios[name] = np.median(times[0]) / np.median(times[1])
+            print(f"  step: torch {median_ms(times[1]):8.2f} ms ({spread(times[1])})  "
+                  f"ratio ours/torch {ratios[name]:.2f}")
+        if args.profile:
+            print("  cProfile of our step (tottime):")
+            profile_step(ours)
+        print(f"  kernels against their NumPy references ({load()}):")
+        bench_kernels(cfg, batch, 3 * args.repeats)
+
+    cold, cached = compile_seconds()
+    print(f"\nNumba compile: import + first step in a fresh process {cold:.1f} s with the cache cleared, "
+          f"{cached:.1f} s cached  ({load()})")
+    print(f"peak RSS of a training loop at {mem_shape}, each in a fresh process: " +
+          ", ".join(f"{r:.0f} MiB after {n} steps" for n, r in zip(mem_steps, rss)) + f"  ({rss_load})")
+    worst = max(ratios.values()) if ratios else float("nan")
+    print(f"worst ratio ours/torch: {worst:.2f}" if ratios else "worst ratio ours/torch: nan")
+
+
+if __name__ == "__main__":
+    main()
