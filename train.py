@@ -201,6 +201,7 @@ def train(model, params, cfg, spec, args, run_dir, opt_state=None, start=0, log_
             if (step + 1) % 500 == 0:
                 save_run_checkpoint(run_dir, params, cfg, args, step + 1, opt_state, time.time() - t0)
             if step % 10 == 0:
+                log_file.flush()                         # so `tail runs/<name>/log.csv` follows the run
                 bar.set_postfix_str(f"loss {loss_bits:.3f} bits | Bayes {floor:.3f} bits | "
                                     f"{(step + 1 - start) / max(time.time() - t_start, 1e-9):.1f} step/s")
             if interrupted:
