@@ -524,6 +524,8 @@ def cross_entropy(logits, targets, mask):
     w = np.ascontiguousarray(mask.reshape(-1), dtype=np.float64)
     wsum = max(float(w.sum()), 1e-12)
     if targets.ndim == 2:
+        if targets.size and (targets.min() < 0 or targets.max() >= K):  # the kernel does not bounds-check
+            raise ValueError(f"class targets must lie in 0..{K - 1}, got {targets.min()}..{targets.max()}")
         rows, dz = cross_entropy_hard_kernel(z, np.ascontiguousarray(targets.reshape(-1), dtype=np.int64), w, wsum)
     else:
         p = np.ascontiguousarray(targets.reshape(-1, K), dtype=logits.dtype)

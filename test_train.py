@@ -103,7 +103,7 @@ def test_quick_preset_lowers_its_loss(tmp_path):
     assert proc.returncode == 0, proc.stderr
     loss = np.loadtxt(tmp_path / "q" / "log.csv", delimiter=",", skiprows=1)[:, 1]
     assert loss[-10:].mean() < loss[:10].mean() - 0.03, (loss[:10].mean(), loss[-10:].mean())
-    assert "exact Bayes" in proc.stdout and (tmp_path / "figures" / "bijection_calibration.png").exists()
+    assert "exact Bayes" in proc.stdout and (tmp_path / "figures" / "q_calibration.png").exists()
 
 
 def test_nan_guard_stops_with_the_step(tmp_path):
@@ -127,3 +127,22 @@ def test_ctrl_c_saves_a_checkpoint(tmp_path):
     assert proc.returncode == 130 and "interrupted after step" in err and "Traceback" not in err, err
     _, _, meta, opt_state = ba.load_checkpoint(str(out / "checkpoint.npz"))
     assert meta["step"] >= 3 and opt_state["t"] == meta["step"]
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--task", "sticky", "--preset", "huge"], "--preset: not used by --task sticky"),
+    (["--task", "sticky", "--model", "mlp", "--width", "8"], "--model, --width: not used by --task sticky"),
+    (["--task", "sticky", "--out", "/proc/nope"], "--out '/proc/nope' cannot be written"),
+])
+def test_sticky_rejects_flags_it_does_not_use(args, expected, tmp_path):
+    assert_clear_error(run(args, tmp_path), expected)
+
+
+def test_eval_only_reads_mlp_checkpoints_and_snapshots(tmp_path):
+    out = tmp_path / "m"
+    proc = run(["--preset", "quick", "--quiet", "--no-geometry", "--eval-seqs", "50", "--task", "hmm", "--steps", "4",
+                "--width", "64", "--heads", "4", "--out", str(out)], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    for ckpt, name in ((out / "mlp.npz", "mlp"), (sorted((out / "snapshots").iterdir())[-1], "transformer")):
+        proc = run(["--eval-only", str(ckpt), "--eval-seqs", "50"], tmp_path)
+        assert proc.returncode == 0 and proc.stdout.splitlines()[2].startswith(name), proc.stderr

@@ -197,7 +197,7 @@ def train(model, params, cfg, spec, args, run_dir, opt_state=None, start=0, log_
                           f"{time.time() - t0:.2f}"])
             if (step + 1) in snapshots and args.model == "transformer":
                 ba.save_checkpoint(os.path.join(snap_dir, f"step_{step + 1:07d}.npz"), params, cfg,
-                                   meta=dict(step=step + 1))
+                                   meta=run_meta(args, step + 1))
             if (step + 1) % 500 == 0:
                 save_run_checkpoint(run_dir, params, cfg, args, step + 1, opt_state, time.time() - t0)
             if step % 10 == 0:
@@ -222,7 +222,7 @@ def train(model, params, cfg, spec, args, run_dir, opt_state=None, start=0, log_
 def run_meta(args, step, seconds=0.0):
     return dict(seconds=round(seconds, 2), task=args.task, model=args.model, step=step, steps=args.steps, seed=args.seed,
                 batch=args.batch, lr=args.lr, warmup=args.warmup, soft=args.soft,
-                replacement=args.replacement, preset=args.preset, V=args.V, K=args.K, pos=args.pos)
+                replacement=args.replacement, preset=args.preset, V=args.V, K=args.K, pos=args.pos, dtype=args.dtype)
 
 
 def save_run_checkpoint(run_dir, params, cfg, args, step, opt_state, seconds):
@@ -361,6 +361,16 @@ def parse_args(argv=None):
         fail(f"--task {args.task!r}: allowed are bijection, hmm, sticky")
     if args.model not in ("transformer", "mlp"):
         fail(f"--model {args.model!r}: allowed are transformer, mlp")
+    if args.task == "sticky":                       # Paper II's one-head model: dynamics.py owns its settings
+        ignored = [flag for flag, given in (
+            ("--model", args.model != "transformer"), ("--preset", args.preset != "default"),
+            ("--resume", args.resume), ("--eval-only", args.eval_only), ("--batch", args.batch),
+            ("--width", args.width), ("--layers", args.layers), ("--heads", args.heads),
+            ("--dtype", args.dtype != "float32"), ("--soft", args.soft), ("--replacement", args.replacement))
+            if given]
+        if ignored:
+            fail(f"{', '.join(ignored)}: not used by --task sticky (allowed: --steps, --lr, --seed, --out, "
+                 f"--figures, --compare-em)")
     if args.task != "sticky":
         if args.preset not in PRESETS[args.task]:
             fail(f"--preset {args.preset!r}: allowed are {', '.join(PRESETS[args.task])}")
@@ -416,6 +426,16 @@ def evaluate_run(args, predict, params, cfg_like):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.eval_only:
+        return eval_only(args)
+    for flag, folder in (("--out", args.out), ("--figures", args.figures)):   # fail now, not after training
+        try:
+            os.makedirs(folder, exist_ok=True)
+            with open(os.path.join(folder, ".write-test"), "w"):
+                pass
+            os.remove(os.path.join(folder, ".write-test"))
+        except OSError as e:
+            fail(f"{flag} {folder!r} cannot be written ({e.strerror})")
     if args.task == "sticky":
         import dynamics
         if args.compare_em:                          # SGD vs EM-like vs true M-step, 5 seeds (minutes)
@@ -425,18 +445,9 @@ def main(argv=None):
                                       fig_dir=args.figures, out_dir=args.out)
         print(json.dumps({k: v for k, v in metrics.items() if not isinstance(v, (list, dict))}, indent=1))
         return metrics
-    if args.eval_only:
-        return eval_only(args)
-    try:
-        os.makedirs(args.out, exist_ok=True)
-        os.makedirs(args.figures, exist_ok=True)
-        with open(os.path.join(args.out, ".write-test"), "w"):
-            pass
-        os.remove(os.path.join(args.out, ".write-test"))
-    except OSError as e:
-        fail(f"--out {args.out!r} cannot be written ({e.strerror})")
     spec = task_spec(args.task, V=args.V, K=args.K, replacement=args.replacement, soft=args.soft)
     results = {}
+    run_name = os.path.basename(os.path.normpath(args.out))    # figures are named after the run
 
     # the transformer, then (unless --no-baseline) the capacity-matched MLP
     resumed = load_for_resume(args) if args.resume else None     # (params, cfg, opt_state, step)
@@ -446,6 +457,8 @@ def main(argv=None):
     runs = [("transformer", model, params, cfg, t_state[2], t_state[3])] if args.model == "transformer" else []
     if args.model == "mlp" or not args.no_baseline:
         m_state = resumed if resumed and args.model == "mlp" else (None, None, None, 0)
+        if args.resume and args.model == "transformer" and os.path.exists(os.path.join(args.out, "mlp.npz")):
+            m_state = load_for_resume(argparse.Namespace(**{**vars(args), "model": "mlp"}))  # baseline resumes too
         try:
             mlp_model, mlp_params, mcfg = make_mlp(args, spec, n_params, m_state[0], m_state[1])
             runs.append(("mlp", mlp_model, mlp_params, mcfg, m_state[2], m_state[3]))
@@ -461,7 +474,7 @@ def main(argv=None):
                                       start=start, log_name="log.csv" if name == "transformer" else "log_mlp.csv")
         if step < args.steps:
             print(f"stopped at step {step} of {args.steps} (--stop-after); continue with "
-                  f"python train.py --resume --out {args.out} and the same flags")
+                  f"python train.py --resume --out {args.out} and the same flags, without --stop-after")
             return results
         metrics, traces = evaluate_run(args, mdl[1], prm, c)
         metrics = dict(task=args.task, model=name, params=ba.count_params(prm), steps=step,
@@ -471,12 +484,12 @@ def main(argv=None):
             json.dump(metrics, f, indent=1)
         results[name] = metrics
         if name == "transformer":
-            plot_traces(traces, args.task, os.path.join(args.figures, f"{args.task}_traces.png"))
+            plot_traces(traces, args.task, os.path.join(args.figures, f"{run_name}_traces.png"))
             if args.task == "hmm":
                 curves = {int(K): dict(per_position=v, kl_bits=metrics["length_generalization"][K])
                           for K, v in metrics["length_generalization_curves"].items()}
-                plot_length_generalization(curves, os.path.join(args.figures, "hmm_length_generalization.png"))
-    plot_calibration(results, args.task, os.path.join(args.figures, f"{args.task}_calibration.png"))
+                plot_length_generalization(curves, os.path.join(args.figures, f"{run_name}_length_generalization.png"))
+    plot_calibration(results, args.task, os.path.join(args.figures, f"{run_name}_calibration.png"))
     print(summary_table(results))
     if "transformer" in results and not args.no_geometry:
         import manifold                                  # the geometry probes, into runs/<name>/geometry.json
@@ -496,7 +509,7 @@ def load_for_resume(args):
     except ValueError as e:
         fail(f"--resume: {e}")
     want = run_meta(args, meta.get("step", 0))
-    for key in ("task", "model", "seed", "batch", "steps", "lr", "warmup", "soft", "replacement", "V", "K", "pos"):
+    for key in ("task", "model", "seed", "batch", "steps", "lr", "warmup", "soft", "replacement", "V", "K", "pos", "dtype"):
         if meta.get(key) != want[key]:
             fail(f"--resume: checkpoint {path!r} has {key}={meta.get(key)!r} but this run asks for {want[key]!r}")
     if opt_state is None:
@@ -513,14 +526,23 @@ def eval_only(args):
         params, cfg, meta, _ = ba.load_checkpoint(args.eval_only)
     except ValueError as e:
         fail(f"--eval-only: {e}")
+    if "task" not in meta:
+        fail(f"--eval-only: checkpoint {args.eval_only!r} does not say which task it was trained on")
     for key in ("task", "replacement", "V", "K"):
         if key in meta:
             setattr(args, key, meta[key])
     spec = task_spec(args.task, V=args.V, K=args.K, replacement=args.replacement)
-    model, params, cfg = make_transformer(args, spec, params, cfg)
+    if (cfg.vocab_size, cfg.n_classes) != (spec["vocab"], spec["classes"]):
+        fail(f"--eval-only: checkpoint {args.eval_only!r} has {cfg.vocab_size} tokens and {cfg.n_classes} classes, "
+             f"not the {spec['vocab']} and {spec['classes']} of task {args.task}")
+    name = "transformer" if isinstance(cfg, ba.Config) else "mlp"
+    if name == "transformer":
+        model, params, cfg = make_transformer(args, spec, params, cfg)
+    else:
+        model, params, cfg = make_mlp(args, spec, None, params, cfg)
     metrics, _ = evaluate_run(args, model[1], params, cfg)
-    metrics = dict(task=args.task, model="transformer", params=ba.count_params(params), **metrics)
-    print(summary_table({"transformer": metrics}))
+    metrics = dict(task=args.task, model=name, params=ba.count_params(params), **metrics)
+    print(summary_table({name: metrics}))
     return metrics
 
 
