@@ -11,34 +11,8 @@ import pytest
 import bayesattn as ba
 import mlp_baseline as mb
 
-H = 1e-5
-GRAD_TOL = 1e-6                               # worst relative error allowed per tensor
-
-
-def rel_error(a, n):
-    return float(np.abs(a - n).max() / max(np.abs(a).max(), np.abs(n).max(), 1e-300))
-
-
-def numerical_grad(f, x, dout):
-    """d/dx of sum(f(x) * dout) by centred differences, one entry at a time (x changed in place)."""
-    grad = np.zeros_like(x)
-    for idx in np.ndindex(x.shape):
-        old = x[idx]
-        x[idx] = old + H
-        fp = np.sum(f(x) * dout)
-        x[idx] = old - H
-        fm = np.sum(f(x) * dout)
-        x[idx] = old
-        grad[idx] = (fp - fm) / (2 * H)
-    return grad
-
-
-def assert_grads(analytic, numeric, tol=GRAD_TOL):
-    """analytic, numeric: dicts name -> array. Fails naming every tensor over tol and its error."""
-    errors = {name: rel_error(analytic[name], numeric[name]) for name in numeric}
-    bad = {k: f"{v:.2e}" for k, v in errors.items() if not v <= tol}
-    assert not bad, f"relative gradient error above {tol:g}: {bad}"
-    return errors
+# the same finite-difference helpers as the transformer's checks (one copy, in test_bayesattn.py)
+from test_bayesattn import GRAD_TOL, H, assert_grads, numerical_grad, rel_error  # noqa: E402,F401
 
 
 def tiny_mlp(seed=0, max_len=5):
