@@ -42,8 +42,8 @@ LR = 1e-3               # a constant learning rate: the schedule costs nothing
 SHAPES = {
     # name -> task and sizes; bijection: vocab 40, classes 20, T 38; hmm: vocab 102, classes 5, T 72
     "bij-default": dict(task="bijection", width=64, layers=3, heads=4, batch=64),
-    "bij-paper":   dict(task="bijection", width=96, layers=4, heads=4, batch=64),
-    "hmm-paper":   dict(task="hmm", width=128, layers=6, heads=8, batch=32),
+    "bij-paper":   dict(task="bijection", width=64, layers=3, heads=4, batch=256),
+    "hmm-paper":   dict(task="hmm", width=96, layers=6, heads=6, batch=32),
     # --quick
     "tiny-bij":    dict(task="bijection", V=6, width=16, layers=1, heads=2, batch=8),
     "tiny-hmm":    dict(task="hmm", K=4, width=16, layers=1, heads=2, batch=4),

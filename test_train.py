@@ -44,6 +44,7 @@ def assert_clear_error(proc, expected):
     (["--lr=-1e-3"], "--lr -0.001: must be > 0"),
     (["--dtype", "float16"], "--dtype 'float16': allowed are float32, float64"),
     (["--pos", "rope"], "--pos 'rope': allowed are learned, sinusoidal"),
+    (["--lr-floor", "1.5"], "--lr-floor 1.5: must lie in [0, 1] (a fraction of --lr)"),
     (["--steps", "many"], "invalid int value: 'many'"),
     (["--eval-only", "missing.npz"], "checkpoint 'missing.npz' does not exist"),
     (["--out", "/proc/no/such/dir"], "--out '/proc/no/such/dir' cannot be written"),
@@ -64,6 +65,8 @@ def test_corrupt_and_mismatched_checkpoints(tmp_path):
     # --resume with another task or configuration
     assert_clear_error(run([*QUICK, "--steps", "5", "--out", str(out), "--resume", "--task", "hmm"], tmp_path),
                        "has task='bijection' but this run asks for 'hmm'")
+    assert_clear_error(run([*QUICK, "--steps", "5", "--out", str(out), "--resume", "--lr-floor", "0"], tmp_path),
+                       "has lr_floor=0.1 but this run asks for 0.0")
     assert_clear_error(run([*QUICK, "--steps", "5", "--out", str(out), "--resume", "--width", "16"], tmp_path),
                        "holds width 32, 2 layers, 2 heads, not the 16/2/2 asked for")
     assert_clear_error(run([*QUICK, "--steps", "5", "--out", str(tmp_path / "empty"), "--resume"], tmp_path),
@@ -104,6 +107,29 @@ def test_quick_preset_lowers_its_loss(tmp_path):
     loss = np.loadtxt(tmp_path / "q" / "log.csv", delimiter=",", skiprows=1)[:, 1]
     assert loss[-10:].mean() < loss[:10].mean() - 0.03, (loss[:10].mean(), loss[-10:].mean())
     assert "exact Bayes" in proc.stdout and (tmp_path / "figures" / "q_calibration.png").exists()
+
+
+@pytest.mark.parametrize("floor", ["0", "0.1", "1"])
+def test_lr_floor_sets_the_end_of_the_cosine(floor, tmp_path):
+    out = tmp_path / "f"
+    assert run([*QUICK, "--steps", "30", "--warmup", "5", "--lr", "2e-3", "--lr-floor", floor, "--out", str(out)],
+               tmp_path).returncode == 0
+    logged = np.loadtxt(out / "log.csv", delimiter=",", skiprows=1)[:, 3]
+    want = [ba.lr_schedule(s, 2e-3, 5, 30, min_lr=2e-3 * float(floor)) for s in range(30)]
+    assert np.allclose(logged, want, rtol=1e-3, atol=0), (logged, want)
+    assert json.loads((out / "metrics.json").read_text())["steps"] == 30
+
+
+@pytest.mark.parametrize("task", ["bijection", "hmm"])
+def test_soft_targets_are_used_and_reported(task, tmp_path):
+    out = tmp_path / "s"
+    proc = run([*QUICK, "--task", task, "--soft", "--out", str(out)], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((out / "metrics.json").read_text())["targets"] == "soft"
+    log = np.loadtxt(out / "log.csv", delimiter=",", skiprows=1)
+    # with soft targets the logged loss is the cross-entropy against the posterior and the logged floor
+    # is the posterior's entropy: their difference is a KL, never negative
+    assert np.all(log[:, 1] >= log[:, 2] - 1e-4), (log[:, 1] - log[:, 2]).min()
 
 
 def test_nan_guard_stops_with_the_step(tmp_path):

@@ -39,16 +39,17 @@ EVAL_SEED = 1_000_003   # held-out data never overlaps the training stream (seed
 N_SNAPSHOTS = 24        # light parameter snapshots at log-spaced steps (frame-precision probe)
 
 PRESETS = {
-    # task -> preset -> settings; lr is the peak of warm-up + cosine, decayed to lr / 10
+    # task -> preset -> settings; lr is the peak of warm-up + cosine, decayed to lr * lr_floor
+    # (lr_floor 0.1 unless a preset says otherwise)
     "bijection": {
         "quick":   dict(width=32, layers=2, heads=2, batch=32, steps=60, lr=3e-3, warmup=10),
         "default": dict(width=64, layers=3, heads=4, batch=64, steps=3000, lr=3e-3, warmup=100),
-        "paper":   dict(width=96, layers=4, heads=4, batch=64, steps=15000, lr=2e-3, warmup=300),
+        "paper":   dict(width=64, layers=3, heads=4, batch=256, steps=10000, lr=3e-3, warmup=300, lr_floor=0.0),
     },
     "hmm": {
         "quick":   dict(width=32, layers=2, heads=2, batch=16, steps=40, lr=3e-3, warmup=10),
         "default": dict(width=64, layers=4, heads=4, batch=32, steps=3000, lr=2e-3, warmup=100),
-        "paper":   dict(width=128, layers=6, heads=8, batch=32, steps=10000, lr=1e-3, warmup=300),
+        "paper":   dict(width=96, layers=6, heads=6, batch=32, steps=13000, lr=1.5e-3, warmup=300, lr_floor=0.0),
     },
 }
 WEIGHT_DECAY = 0.01
@@ -74,7 +75,7 @@ def task_spec(task, V=V, K=HMM_K, replacement=False, soft=False):
     """-> dict(vocab, classes, max_len, eval_len, soft, batch(rng, n) -> wind-tunnel batch dict)."""
     if task == "bijection":
         L = V - 1
-        return dict(vocab=2 * V, classes=V, max_len=2 * L, eval_len=2 * L, soft=False,
+        return dict(vocab=2 * V, classes=V, max_len=2 * L, eval_len=2 * L, soft=soft,
                     batch=lambda rng, n: wt.bijection_batch(rng, n, V, replacement=replacement))
     if task == "hmm":
         return dict(vocab=wt.HMM_VOCAB, classes=wt.HMM_S, max_len=wt.HMM_HEADER + K,
@@ -88,9 +89,12 @@ def targets_of(batch, soft):
     return batch["posterior"] if soft else batch["targets"]
 
 
-def bayes_loss_bits(batch):
-    """Cross-entropy (bits) of the sampled targets under the exact posterior: the loss floor."""
+def bayes_loss_bits(batch, soft=False):
+    """The loss floor of this batch, in bits: the cross-entropy of the sampled targets under the exact
+    posterior, or with soft targets the posterior's own entropy (so loss - floor is then the KL)."""
     mask = batch["mask"] > 0
+    if soft:
+        return float(wt.entropy_bits(batch["posterior"][mask]).mean())
     p = np.take_along_axis(batch["posterior"], batch["targets"][..., None], -1)[..., 0]
     return float(-np.log2(p[mask]).mean())
 
@@ -190,9 +194,9 @@ def train(model, params, cfg, spec, args, run_dir, opt_state=None, start=0, log_
                         else "no checkpoint had been written yet")
                 fail(f"step {step + 1}: the loss ({loss}) or the gradient norm ({norm}) is not finite; "
                      f"training stopped, {kept} (try a smaller --lr)")
-            lr = ba.lr_schedule(step, args.lr, args.warmup, args.steps, min_lr=args.lr / 10)
+            lr = ba.lr_schedule(step, args.lr, args.warmup, args.steps, min_lr=args.lr * args.lr_floor)
             ba.adamw_step(params, grads, opt_state, lr, beta1=BETAS[0], beta2=BETAS[1], weight_decay=WEIGHT_DECAY)
-            loss_bits, floor = ba.bits(loss), bayes_loss_bits(batch)
+            loss_bits, floor = ba.bits(loss), bayes_loss_bits(batch, spec["soft"])
             log.writerow([step + 1, f"{loss_bits:.6f}", f"{floor:.6f}", f"{lr:.3e}", f"{norm:.4f}",
                           f"{time.time() - t0:.2f}"])
             if (step + 1) in snapshots and args.model == "transformer":
@@ -221,7 +225,7 @@ def train(model, params, cfg, spec, args, run_dir, opt_state=None, start=0, log_
 
 def run_meta(args, step, seconds=0.0):
     return dict(seconds=round(seconds, 2), task=args.task, model=args.model, step=step, steps=args.steps, seed=args.seed,
-                batch=args.batch, lr=args.lr, warmup=args.warmup, soft=args.soft,
+                batch=args.batch, lr=args.lr, warmup=args.warmup, lr_floor=args.lr_floor, soft=args.soft,
                 replacement=args.replacement, preset=args.preset, V=args.V, K=args.K, pos=args.pos, dtype=args.dtype)
 
 
@@ -334,13 +338,14 @@ def parse_args(argv=None):
     p.add_argument("--width", type=int, help="model width d_model")
     p.add_argument("--layers", type=int, help="transformer layers (MLP: residual blocks)")
     p.add_argument("--heads", type=int, help="attention heads (must divide the width)")
-    p.add_argument("--lr", type=float, help="peak learning rate (warm-up, then cosine to lr/10)")
+    p.add_argument("--lr", type=float, help="peak learning rate (warm-up, then cosine to lr * lr-floor)")
+    p.add_argument("--lr-floor", type=float, help="final learning rate as a fraction of --lr (default 0.1)")
     p.add_argument("--warmup", type=int, help="warm-up steps")
     p.add_argument("--seed", type=int, default=0, help="seed of the initialisation and the data stream")
     p.add_argument("--dtype", default="float32", help="float32 | float64")
     p.add_argument("--pos", default="learned", help="positions: learned | sinusoidal")
-    p.add_argument("--soft", action="store_true", help="hmm: train on the exact posterior (soft targets) "
-                                                       "instead of sampled hidden states")
+    p.add_argument("--soft", action="store_true", help="train on the exact posterior (soft targets) instead of "
+                                                       "sampled labels (values, hidden states)")
     p.add_argument("--replacement", action="store_true", help="bijection: keys drawn with replacement")
     p.add_argument("--V", type=int, default=V, help="bijection: number of keys (= values); L = V - 1 pairs")
     p.add_argument("--K", type=int, default=HMM_K, help="hmm: observations per training sequence")
@@ -366,7 +371,8 @@ def parse_args(argv=None):
             ("--model", args.model != "transformer"), ("--preset", args.preset != "default"),
             ("--resume", args.resume), ("--eval-only", args.eval_only), ("--batch", args.batch),
             ("--width", args.width), ("--layers", args.layers), ("--heads", args.heads),
-            ("--dtype", args.dtype != "float32"), ("--soft", args.soft), ("--replacement", args.replacement))
+            ("--dtype", args.dtype != "float32"), ("--soft", args.soft), ("--replacement", args.replacement),
+            ("--lr-floor", args.lr_floor is not None))
             if given]
         if ignored:
             fail(f"{', '.join(ignored)}: not used by --task sticky (allowed: --steps, --lr, --seed, --out, "
@@ -377,6 +383,10 @@ def parse_args(argv=None):
         for key, value in PRESETS[args.task][args.preset].items():
             if getattr(args, key) is None:
                 setattr(args, key, value)
+    if args.lr_floor is None:
+        args.lr_floor = 0.1
+    if not 0.0 <= args.lr_floor <= 1.0:
+        fail(f"--lr-floor {args.lr_floor}: must lie in [0, 1] (a fraction of --lr)")
     for key in ("steps", "batch", "width", "layers", "heads", "warmup", "eval_seqs"):
         value = getattr(args, key)
         if value is not None and (value < 1 if key != "warmup" else value < 0):
@@ -509,8 +519,9 @@ def load_for_resume(args):
     except ValueError as e:
         fail(f"--resume: {e}")
     want = run_meta(args, meta.get("step", 0))
-    for key in ("task", "model", "seed", "batch", "steps", "lr", "warmup", "soft", "replacement", "V", "K", "pos", "dtype"):
-        if meta.get(key) != want[key]:
+    for key in ("task", "model", "seed", "batch", "steps", "lr", "warmup", "lr_floor", "soft", "replacement", "V", "K",
+                "pos", "dtype"):
+        if meta.get(key, 0.1 if key == "lr_floor" else None) != want[key]:
             fail(f"--resume: checkpoint {path!r} has {key}={meta.get(key)!r} but this run asks for {want[key]!r}")
     if opt_state is None:
         fail(f"--resume: checkpoint {path!r} holds no optimiser state")
