@@ -172,3 +172,20 @@ def test_eval_only_reads_mlp_checkpoints_and_snapshots(tmp_path):
     for ckpt, name in ((out / "mlp.npz", "mlp"), (sorted((out / "snapshots").iterdir())[-1], "transformer")):
         proc = run(["--eval-only", str(ckpt), "--eval-seqs", "50"], tmp_path)
         assert proc.returncode == 0 and proc.stdout.splitlines()[2].startswith(name), proc.stderr
+
+
+def test_evaluate_scores_the_exact_posterior_zero_and_a_mixture_as_computed():
+    import train
+    import windtunnels as wt
+    batch = wt.bijection_batch(np.random.default_rng(0), 50, 6)
+    m, _ = train.evaluate(lambda tok: batch["posterior"].copy(), batch)
+    for key in ("entropy_mae_bits", "entropy_mae_seq_bits", "kl_bits", "excess_ce_bits", "impossible_mass"):
+        assert abs(m[key]) < 1e-12, (key, m[key])
+    eps = 0.01
+    q = (1 - eps) * batch["posterior"] + eps / 6                   # leaks eps / 6 onto every value
+    m, _ = train.evaluate(lambda tok: q, batch)
+    cols = np.flatnonzero(batch["mask"][0] > 0)
+    ruled_out = (batch["posterior"][:, cols] == 0).sum(-1)           # values already seen, per position
+    assert np.isclose(m["impossible_mass"], (eps / 6 * ruled_out).mean(), rtol=1e-12)
+    assert [r["impossible_mass"] for r in m["per_position"]] == pytest.approx(eps / 6 * np.arange(len(cols)))
+    assert m["kl_bits"] > 0 and m["per_position"][0]["impossible_mass"] == 0.0

@@ -110,6 +110,9 @@ def evaluate(predict, batch):
     entropy_mae_seq_bits   mean over sequences and positions of |H_model - H_bayes|
     kl_bits                mean KL(posterior || model) per supervised position
     excess_ce_bits         cross-entropy of the sampled targets under the model minus under the posterior
+    impossible_mass        mean model probability on answers the posterior rules out (p = 0): on the
+                           bijection, values already seen. Not in bits: a probability. Each 1e-3 of it
+                           raises the entropy by about 1e-3 * log2(#ruled out / 1e-3) bits.
     """
     q = predict(batch["tokens"])                                    # (n, Tlen, K)
     cols = np.flatnonzero(batch["mask"][0] > 0)                     # supervised positions (same in every row)
@@ -117,17 +120,20 @@ def evaluate(predict, batch):
     post, q = batch["posterior"][:, cols], q[:, cols]               # (n, P, K)
     h_model, h_bayes = wt.entropy_bits(q), wt.entropy_bits(post)    # (n, P)
     kl = wt.kl_bits(post, q)                                        # (n, P)
+    impossible = np.where(post == 0, q, 0.0).sum(-1)                # (n, P) mass on ruled-out answers
     y = batch["targets"][:, cols][..., None]
     ce_model = -np.log2(np.maximum(np.take_along_axis(q, y, -1)[..., 0], wt.TINY))
     ce_bayes = -np.log2(np.take_along_axis(post, y, -1)[..., 0])
     per_position = [dict(position=int(i + 1), H_model=float(h_model[:, i].mean()),
-                         H_bayes=float(h_bayes[:, i].mean()), kl=float(kl[:, i].mean()))
+                         H_bayes=float(h_bayes[:, i].mean()), kl=float(kl[:, i].mean()),
+                         impossible_mass=float(impossible[:, i].mean()))
                     for i in range(len(cols))]
     metrics = dict(
         entropy_mae_bits=float(np.abs(h_model.mean(0) - h_bayes.mean(0)).mean()),
         entropy_mae_seq_bits=float(np.abs(h_model - h_bayes).mean()),
         kl_bits=float(kl.mean()),
         excess_ce_bits=float(ce_model.mean() - ce_bayes.mean()),
+        impossible_mass=float(impossible.mean()),
         per_position=per_position)
     traces = dict(h_model=h_model[:8], h_bayes=h_bayes[:8])       # single sequences for the trace figure
     return metrics, traces
@@ -413,12 +419,14 @@ def parse_args(argv=None):
 
 
 def summary_table(rows):
-    head = f"{'model':<14}{'params':>10}{'entropy MAE':>13}{'per-seq MAE':>13}{'KL':>11}{'excess CE':>11}"
+    head = (f"{'model':<14}{'params':>10}{'entropy MAE':>13}{'per-seq MAE':>13}{'KL':>11}{'excess CE':>11}"
+            f"{'p(impossible)':>15}")
     lines = [head, "-" * len(head)]
     for name, m in rows.items():
         lines.append(f"{name:<14}{m.get('params', 0):>10,}{m['entropy_mae_bits']:>13.4g}"
-                     f"{m['entropy_mae_seq_bits']:>13.4g}{m['kl_bits']:>11.4g}{m['excess_ce_bits']:>11.4g}")
-    lines.append(f"{'exact Bayes':<14}{'':>10}{0:>13}{0:>13}{0:>11}{0:>11}   (all in bits)")
+                     f"{m['entropy_mae_seq_bits']:>13.4g}{m['kl_bits']:>11.4g}{m['excess_ce_bits']:>11.4g}"
+                     f"{m.get('impossible_mass', float('nan')):>15.3g}")
+    lines.append(f"{'exact Bayes':<14}{'':>10}{0:>13}{0:>13}{0:>11}{0:>11}{0:>15}   (bits; p: a probability)")
     return "\n".join(lines)
 
 
