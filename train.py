@@ -111,7 +111,8 @@ def evaluate(predict, batch):
     kl_bits                mean KL(posterior || model) per supervised position
     excess_ce_bits         cross-entropy of the sampled targets under the model minus under the posterior
     impossible_mass        mean model probability on answers the posterior rules out (p = 0): on the
-                           bijection, values already seen. Not in bits: a probability. Each 1e-3 of it
+                           bijection, values already seen (with replacement, once a key repeats, all
+                           values but its own). Not in bits: a probability. Each 1e-3 of it
                            raises the entropy by about 1e-3 * log2(#ruled out / 1e-3) bits.
     """
     q = predict(batch["tokens"])                                    # (n, Tlen, K)
@@ -529,8 +530,9 @@ def load_for_resume(args):
     want = run_meta(args, meta.get("step", 0))
     for key in ("task", "model", "seed", "batch", "steps", "lr", "warmup", "lr_floor", "soft", "replacement", "V", "K",
                 "pos", "dtype"):
-        if meta.get(key, 0.1 if key == "lr_floor" else None) != want[key]:
-            fail(f"--resume: checkpoint {path!r} has {key}={meta.get(key)!r} but this run asks for {want[key]!r}")
+        have = meta.get(key, 0.1 if key == "lr_floor" else None)   # runs older than --lr-floor used 0.1
+        if have != want[key]:
+            fail(f"--resume: checkpoint {path!r} has {key}={have!r} but this run asks for {want[key]!r}")
     if opt_state is None:
         fail(f"--resume: checkpoint {path!r} holds no optimiser state")
     if args.model == "transformer" and (cfg.d_model, cfg.n_layers, cfg.n_heads) != (args.width, args.layers, args.heads):
