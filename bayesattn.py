@@ -62,6 +62,7 @@ class Config:
     d_mlp: int = 0             # M; 0 means 4 * d_model
     pos: str = "learned"       # "learned" or "sinusoidal"
     dtype: str = "float32"     # "float32" for training, "float64" for checks
+    pos_limit: int = 0         # learned positions: t >= pos_limit reuses row pos_limit - 1 (0: no limit)
 
     def __post_init__(self):
         for name in ("vocab_size", "n_classes", "max_len", "d_model", "n_layers", "n_heads"):
@@ -79,6 +80,8 @@ class Config:
             raise ValueError(f"pos={self.pos!r}: allowed are 'learned', 'sinusoidal'")
         if self.dtype not in ("float32", "float64"):
             raise ValueError(f"dtype={self.dtype!r}: allowed are 'float32', 'float64'")
+        if not isinstance(self.pos_limit, (int, np.integer)) or not 0 <= self.pos_limit <= self.max_len:
+            raise ValueError(f"pos_limit={self.pos_limit!r}: allowed are 0 (no limit) to max_len={self.max_len}")
 
     def to_dict(self):
         return asdict(self)
@@ -541,11 +544,19 @@ def bits(nats):
 # ----------------------------------------------------------------------------
 # the model
 
+def position_rows(cfg, T):
+    """Row of the learned position table used at each t < T: t itself, or with a pos_limit the last
+    trained row for every t past it (a time-homogeneous task then sees "one more step", not an
+    untrained row)."""
+    t = np.arange(T)
+    return np.minimum(t, cfg.pos_limit - 1) if cfg.pos_limit else t
+
+
 def _positions(params, cfg, T):
     if T > cfg.max_len and cfg.pos == "learned":
         raise ValueError(f"sequence length {T} exceeds max_len={cfg.max_len} of learned positions")
     if cfg.pos == "learned":
-        return params["wpe"]
+        return params["wpe"][position_rows(cfg, T)]
     return sinusoidal_positions(T, cfg.d_model, cfg.dtype)
 
 
@@ -631,7 +642,7 @@ def backward(dlogits, cache, params, cfg):
     g["wte"] = dwte
     if cfg.pos == "learned":
         g["wpe"] = np.zeros_like(params["wpe"])
-        g["wpe"][: cache["T"]] = dwpe
+        np.add.at(g["wpe"], position_rows(cfg, cache["T"]), dwpe)   # clamped positions share a row
     return g
 
 

@@ -88,7 +88,7 @@ def token_names(task, cfg, tokens):
 def position_table(params, cfg, T):
     """The positional term added to the token embeddings: (T, C)."""
     if cfg.pos == "learned":
-        return params["wpe"][:T].astype(np.float64)
+        return params["wpe"][ba.position_rows(cfg, T)].astype(np.float64)
     return ba.sinusoidal_positions(T, cfg.d_model, "float64")
 
 

@@ -245,6 +245,22 @@ def test_model_gradients(soft, pos):
     print("\nworst relative error per tensor:\n" + "\n".join(f"  {k:22s} {v:.2e}" for k, v in errors.items()))
 
 
+def test_clamped_positions_share_the_last_row():
+    cfg, params = tiny_model()
+    clamped = ba.Config(**{**cfg.to_dict(), "pos_limit": 3})
+    rng = np.random.default_rng(14)
+    tokens, targets, mask = rng.integers(0, 7, (2, 5)), rng.integers(0, 5, (2, 5)), np.ones((2, 5))
+    model_gradient_errors(clamped, params, tokens, targets, mask)     # every tensor, wpe rows 0..2 included
+    _, grads = ba.loss_and_grads(params, tokens, targets, mask, clamped)
+    assert np.all(grads["wpe"][3:] == 0) and np.any(grads["wpe"][2] != 0)
+    copied = dict(params, wpe=params["wpe"].copy())
+    copied["wpe"][3:5] = params["wpe"][2]                               # t = 3, 4 read row 2
+    np.testing.assert_allclose(ba.forward(params, tokens, clamped)[0], ba.forward(copied, tokens, cfg)[0],
+                               rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="pos_limit=7: allowed are 0 .no limit. to max_len=6"):
+        ba.Config(**{**cfg.to_dict(), "pos_limit": 7})
+
+
 def test_head_mask_gradients_and_ablation():
     cfg, params = tiny_model()
     rng = np.random.default_rng(12)

@@ -126,6 +126,9 @@ def test_soft_targets_are_used_and_reported(task, tmp_path):
     proc = run([*QUICK, "--task", task, "--soft", "--out", str(out)], tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert json.loads((out / "metrics.json").read_text())["targets"] == "soft"
+    _, cfg, _, _ = ba.load_checkpoint(str(out / "checkpoint.npz"))
+    # HMM: learned positions past the training length (52 + 20) reuse its last row; the bijection has none
+    assert cfg.pos_limit == (72 if task == "hmm" else 0) and cfg.max_len == (102 if task == "hmm" else 38)
     log = np.loadtxt(out / "log.csv", delimiter=",", skiprows=1)
     # with soft targets the logged loss is the cross-entropy against the posterior and the logged floor
     # is the posterior's entropy: their difference is a KL, never negative

@@ -250,6 +250,11 @@ def make_transformer(args, spec, params=None, cfg=None):
         cfg = ba.Config(vocab_size=spec["vocab"], n_classes=spec["classes"], max_len=spec["eval_len"],
                         d_model=args.width, n_layers=args.layers, n_heads=args.heads,
                         pos=args.pos, dtype=args.dtype)
+    if cfg.pos == "learned" and not cfg.pos_limit and spec["eval_len"] > spec["max_len"]:
+        # positions past the training length reuse its last row (bayesattn.position_rows): the HMM is
+        # time-homogeneous, so "one more observation" beats an untrained row. Training never reaches
+        # the limit, so this changes only evaluation at K > 20 (and older checkpoints get it here too).
+        cfg.pos_limit = spec["max_len"]
     params = params if params is not None else ba.init_params(cfg, args.seed)
     model = (lambda p, tok, tgt, m: ba.loss_and_grads(p, tok, tgt, m, cfg),
              lambda p, tok: ba.predict_proba(p, tok, cfg))
@@ -310,6 +315,12 @@ def plot_traces(traces, task, path):
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def length_curves(metrics):
+    """HMM metrics -> {K: dict(per_position, kl_bits)}, what plot_length_generalization draws."""
+    return {int(K): dict(per_position=v, kl_bits=metrics["length_generalization"][K])
+            for K, v in metrics["length_generalization_curves"].items()}
 
 
 def plot_length_generalization(curves, path):
@@ -505,9 +516,8 @@ def main(argv=None):
         if name == "transformer":
             plot_traces(traces, args.task, os.path.join(args.figures, f"{run_name}_traces.png"))
             if args.task == "hmm":
-                curves = {int(K): dict(per_position=v, kl_bits=metrics["length_generalization"][K])
-                          for K, v in metrics["length_generalization_curves"].items()}
-                plot_length_generalization(curves, os.path.join(args.figures, f"{run_name}_length_generalization.png"))
+                plot_length_generalization(length_curves(metrics),
+                                           os.path.join(args.figures, f"{run_name}_length_generalization.png"))
     plot_calibration(results, args.task, os.path.join(args.figures, f"{run_name}_calibration.png"))
     print(summary_table(results))
     if "transformer" in results and not args.no_geometry:
@@ -564,6 +574,15 @@ def eval_only(args):
     metrics, _ = evaluate_run(args, model[1], params, cfg)
     metrics = dict(task=args.task, model=name, params=ba.count_params(params), **metrics)
     print(summary_table({name: metrics}))
+    if "length_generalization" in metrics:
+        print("length generalisation, KL in bits by K: " +
+              ", ".join(f"{K}: {kl:.4g}" for K, kl in metrics["length_generalization"].items()))
+        if name == "transformer":                    # redraw the run's figure from this evaluation
+            run_name = os.path.basename(os.path.dirname(os.path.abspath(args.eval_only)))
+            os.makedirs(args.figures, exist_ok=True)
+            path = os.path.join(args.figures, f"{run_name}_length_generalization.png")
+            plot_length_generalization(length_curves(metrics), path)
+            print(f"figure: {path}")
     return metrics
 
 
