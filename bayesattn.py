@@ -552,7 +552,7 @@ def position_rows(cfg, T):
     return np.minimum(t, cfg.pos_limit - 1) if cfg.pos_limit else t
 
 
-def _positions(params, cfg, T):
+def position_table(params, cfg, T):
     if T > cfg.max_len and cfg.pos == "learned":
         raise ValueError(f"sequence length {T} exceeds max_len={cfg.max_len} of learned positions")
     if cfg.pos == "learned":
@@ -576,7 +576,7 @@ def forward(params, tokens, cfg, head_mask=None):
         raise ValueError(f"token ids must lie in 0..{cfg.vocab_size - 1}, got {tokens.min()}..{tokens.max()}")
     B, T = tokens.shape
     NH = cfg.n_heads
-    x, _ = embedding_forward(params["wte"], _positions(params, cfg, T), tokens)  # (B, T, C)
+    x, _ = embedding_forward(params["wte"], position_table(params, cfg, T), tokens)  # (B, T, C)
     x = x.astype(cfg.dtype)
     cache = {"tokens": tokens, "T": T, "layers": [], "resid": [x], "head_mask": head_mask}
     for l in range(cfg.n_layers):

@@ -86,10 +86,8 @@ def token_names(task, cfg, tokens):
 
 
 def position_table(params, cfg, T):
-    """The positional term added to the token embeddings: (T, C)."""
-    if cfg.pos == "learned":
-        return params["wpe"][ba.position_rows(cfg, T)].astype(np.float64)
-    return ba.sinusoidal_positions(T, cfg.d_model, "float64")
+    """The positional term added to the token embeddings: (T, C), exactly as the model's forward adds it."""
+    return ba.position_table(params, cfg, T).astype(np.float64)
 
 
 def token_groups(task, cfg, tokens):
