@@ -13,7 +13,7 @@ Every op is a pair `x_forward(...) -> (out, cache)` / `x_backward(dout, cache)`.
 The hot loops (attention, softmax, LayerNorm, GELU, softmax + cross-entropy)
 are Numba kernels named `*_kernel`; beside each one is a plain NumPy reference
 named `*_ref`, and the test suite checks that the two agree.
-Matrix products stay in NumPy (BLAS).
+Matrix products are BLAS calls, large ones split by rows over threads (`matmul`).
 
 The attention backward is written as the papers' E-step and M-step
 (shared/PAPERS.md, "The gradient equations"):
@@ -26,6 +26,7 @@ The attention backward is written as the papers' E-step and M-step
 
 import math
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, asdict
 
 # Numba's worker threads and OpenBLAS's worker threads both spin while waiting; on a
@@ -38,7 +39,9 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
 import numpy as np  # noqa: E402
-from numba import njit, prange  # noqa: E402
+import numba  # noqa: E402
+from numba import njit, prange, types  # noqa: E402
+from numba.extending import overload  # noqa: E402
 
 LN_EPS = 1e-5
 GELU_C = math.sqrt(2.0 / math.pi)  # tanh-approximation constant of GELU
@@ -46,6 +49,55 @@ GELU_C = math.sqrt(2.0 / math.pi)  # tanh-approximation constant of GELU
 # fastmath, which assumes no NaN or inf. Kernels take constants in their input's precision,
 # f = x.dtype.type: a Python float is float64 and would turn every float32 operation into float64.
 FASTMATH = {"reassoc", "contract"}
+
+
+# ----------------------------------------------------------------------------
+# e^x for the kernels
+#
+# Numba compiles math.exp to one call into the C library per element, so a loop over exp never
+# runs 8 lanes at a time (the vector math library Numba could use is not among our dependencies).
+# exp32 is e^x in float32 written with nothing but multiply-adds, a rounding and an integer
+# shift, which the compiler does vectorise: 5-10x faster than math.exp in the kernels' loops.
+
+LOG2E = 1.4426950408889634         # 1 / ln 2
+LN2_HI = 0.693145751953125         # ln 2 = LN2_HI + LN2_LO; LN2_HI has 13 significant bits, so
+LN2_LO = 1.4286068203094173e-06    # n * LN2_HI is exact in float32 for every |n| < 2^11
+
+
+@njit(cache=True, fastmath=FASTMATH)
+def exp32(x):
+    """e^x for a float32 x, within 1e-7 relative on the normal range; 0 below it, inf above.
+        x = n ln2 + r with n = round(x / ln2), |r| <= ln2 / 2, so e^x = 2^n e^r;
+        e^r = sum_k r^k / k! up to k = 7 (the rest is below 6e-9 relative);
+        2^n = 2^n1 2^n2 with n1 = n // 2, each made as the float32 bit pattern (m + 127) << 23."""
+    f = np.float32
+    y = min(max(x, f(-87.33)), f(89.0))             # 2^n1 and 2^n2 stay normal floats
+    n = np.floor(y * f(LOG2E) + f(0.5))             # nearest integer to y / ln 2
+    r = (y - n * f(LN2_HI)) - n * f(LN2_LO)         # y - n ln 2, |r| <= ln2 / 2
+    p = f(1 / 5040)                                  # Horner: 1 + r (1 + r/2 (1 + r/3 (... r/7)))
+    for c in (f(1 / 720), f(1 / 120), f(1 / 24), f(1 / 6), f(0.5), f(1), f(1)):
+        p = p * r + c
+    n1 = np.int32(n) >> 1
+    n2 = np.int32(n) - n1
+    e = p * np.int32((n1 + 127) << 23).view(np.float32) * np.int32((n2 + 127) << 23).view(np.float32)
+    if x < f(-87.33):                                # e^x below the smallest normal float32: flush to 0
+        e = f(0)
+    if x != x:                                       # NaN in, NaN out
+        e = x
+    return e
+
+
+def fast_exp(x):
+    """e^x inside the kernels: exp32 for a float32 x, math.exp for anything else (float64 checks).
+    Run as plain Python (NUMBA_DISABLE_JIT=1) it is math.exp."""
+    return math.exp(x)
+
+
+@overload(fast_exp)
+def _fast_exp_compiled(x):
+    if x == types.float32:
+        return lambda x: exp32(x)
+    return lambda x: math.exp(x)
 
 
 # ----------------------------------------------------------------------------
@@ -141,19 +193,69 @@ def embedding_backward(dx, tokens, V):
 
 
 # ----------------------------------------------------------------------------
-# linear layer (BLAS)
+# linear layer: matrix products by BLAS, the rows split over threads
+#
+# BLAS runs with one thread (see the top of the module). A large product is cut into blocks of
+# rows, one per Numba thread (numba.get_num_threads(), so NUMBA_NUM_THREADS pins both), and each
+# block is one BLAS call; NumPy releases the GIL inside it, so the blocks run at the same time.
+# Python threads, not a Numba kernel: Numba cannot cache a function that calls BLAS.
+
+SPLIT_FLOPS = 1 << 22      # smaller products go to BLAS whole: handing out blocks costs more than it saves
+_pool = None               # ThreadPoolExecutor, created on first use
+
+
+def _blocks(N):
+    nt = min(numba.get_num_threads(), N)
+    return [(N * c // nt, N * (c + 1) // nt) for c in range(nt)]
+
+
+def _run_blocks(jobs):
+    """Run the calls in jobs, the first on this thread and the rest on the pool; wait for all."""
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(max_workers=max(1, numba.config.NUMBA_NUM_THREADS - 1))
+    futures = [_pool.submit(job) for job in jobs[1:]]
+    jobs[0]()
+    for fut in futures:
+        fut.result()
+
+
+def matmul(a, b):
+    """a (N, K) @ b (K, M) -> (N, M); out[rows] = a[rows] @ b for each block of rows."""
+    N, M = a.shape[0], b.shape[1]
+    if N * a.shape[1] * M < SPLIT_FLOPS or numba.get_num_threads() == 1:
+        return a @ b
+    out = np.empty((N, M), dtype=np.result_type(a, b))
+    _run_blocks([lambda lo=lo, hi=hi: np.matmul(a[lo:hi], b, out=out[lo:hi]) for lo, hi in _blocks(N)])
+    return out
+
+
+def matmul_tn(a, b):
+    """a (N, K), b (N, M) -> a^T b (K, M), a sum over rows: each block sums its rows, then the blocks add."""
+    N, K, M = a.shape[0], a.shape[1], b.shape[1]
+    if N * K * M < SPLIT_FLOPS or numba.get_num_threads() == 1:
+        return a.T @ b
+    blocks = _blocks(N)
+    part = np.empty((len(blocks), K, M), dtype=np.result_type(a, b))
+    _run_blocks([lambda c=c, lo=lo, hi=hi: np.matmul(a[lo:hi].T, b[lo:hi], out=part[c])
+                 for c, (lo, hi) in enumerate(blocks)])
+    return part.sum(axis=0)
+
 
 def linear_forward(x, w, b):
-    """x (..., Cin), w (Cin, Cout), b (Cout,) -> (..., Cout)."""
-    return x @ w + b, x
+    """x (..., Cin), w (Cin, Cout), b (Cout,) -> out = x @ w + b (..., Cout), cache x."""
+    out = matmul(np.ascontiguousarray(x.reshape(-1, w.shape[0])), w)
+    out += b
+    return out.reshape(x.shape[:-1] + (w.shape[1],)), x
 
 
 def linear_backward(dout, x, w):
     """Forward was out = x @ w + b, so dx = dout @ w^T, dw = x^T dout, db = sum dout."""
     Cin, Cout = w.shape
-    dx = dout @ w.T
-    x2, d2 = x.reshape(-1, Cin), dout.reshape(-1, Cout)
-    return dx, x2.T @ d2, d2.sum(axis=0)
+    x2 = np.ascontiguousarray(x.reshape(-1, Cin))
+    d2 = np.ascontiguousarray(dout.reshape(-1, Cout))
+    dx = matmul(d2, w.T).reshape(x.shape)
+    return dx, matmul_tn(x2, d2), d2.sum(axis=0)
 
 
 # ----------------------------------------------------------------------------
@@ -271,7 +373,7 @@ def gelu_forward_kernel(x):
         for m in range(M):
             xi = x[n, m]
             z = c * (xi + a * xi * xi * xi)
-            y[n, m] = xi / (one + math.exp(-(z + z)))
+            y[n, m] = xi / (one + fast_exp(-(z + z)))
     return y
 
 
@@ -287,7 +389,7 @@ def gelu_backward_kernel(dy, x):
         for m in range(M):
             xi = x[n, m]
             z = c * (xi + a * xi * xi * xi)
-            s = one / (one + math.exp(-(z + z)))
+            s = one / (one + fast_exp(-(z + z)))
             dz = c * (one + f(3) * a * xi * xi)
             dx[n, m] = dy[n, m] * (s + f(2) * xi * s * (one - s) * dz)
     return dx
@@ -324,7 +426,7 @@ def softmax_kernel(s):
             mx = max(mx, s[n, k])
         z = f(0)
         for k in range(K):
-            e = math.exp(s[n, k] - mx)
+            e = fast_exp(s[n, k] - mx)
             p[n, k] = e
             z += e
         rz = f(1) / z
@@ -389,7 +491,7 @@ def attention_forward_kernel(q, k, v):
                 mx = max(mx, s[i, j])
             z = f(0)
             for j in range(i + 1):
-                e = math.exp((s[i, j] - mx) * scale)
+                e = fast_exp((s[i, j] - mx) * scale)
                 alpha[bb, h, i, j] = e
                 z += e
             rz = f(1) / z
@@ -475,7 +577,7 @@ def cross_entropy_kernel(logits, targets, weights, wsum):
             mx = max(mx, logits[n, k])
         z = f(0)
         for k in range(K):
-            e = math.exp(logits[n, k] - mx)
+            e = fast_exp(logits[n, k] - mx)
             dlogits[n, k] = e                               # softmax(z_n)_k * z, normalised below
             z += e
         logz = math.log(z) + mx
@@ -507,7 +609,7 @@ def cross_entropy_hard_kernel(logits, targets, weights, wsum):
             mx = max(mx, logits[n, k])
         z = f(0)
         for k in range(K):
-            e = math.exp(logits[n, k] - mx)
+            e = fast_exp(logits[n, k] - mx)
             dlogits[n, k] = e                               # softmax(z_n)_k * z, normalised below
             z += e
         logz = math.log(z) + mx
@@ -585,27 +687,27 @@ def forward(params, tokens, cfg, head_mask=None):
         # attention sub-block: x = x + W_o . attention(LN(x))
         h, lc["ln1"] = layernorm_forward(x, params[pre + "ln1.g"], params[pre + "ln1.b"])
         lc["h1"] = h
-        q = split_heads(h @ params[pre + "attn.wq"] + params[pre + "attn.bq"], NH)  # (B, NH, T, hs)
-        k = split_heads(h @ params[pre + "attn.wk"] + params[pre + "attn.bk"], NH)
-        v = split_heads(h @ params[pre + "attn.wv"] + params[pre + "attn.bv"], NH)
+        q = split_heads(linear_forward(h, params[pre + "attn.wq"], params[pre + "attn.bq"])[0], NH)  # (B, NH, T, hs)
+        k = split_heads(linear_forward(h, params[pre + "attn.wk"], params[pre + "attn.bk"])[0], NH)
+        v = split_heads(linear_forward(h, params[pre + "attn.wv"], params[pre + "attn.bv"])[0], NH)
         o, alpha = attention_forward_kernel(q, k, v)                               # (B, NH, T, hs), (B, NH, T, T)
         if head_mask is not None:
             o = o * np.asarray(head_mask[l], dtype=o.dtype)[None, :, None, None]
         y = merge_heads(o)                                                         # (B, T, C)
-        attn_out = y @ params[pre + "attn.wo"] + params[pre + "attn.bo"]
+        attn_out, _ = linear_forward(y, params[pre + "attn.wo"], params[pre + "attn.bo"])
         x = x + attn_out
         lc.update(q=q, k=k, v=v, alpha=alpha, head_out=o, y=y, attn_out=attn_out, x_mid=x)
         # MLP sub-block: x = x + W_2 gelu(W_1 LN(x))
         h2, lc["ln2"] = layernorm_forward(x, params[pre + "ln2.g"], params[pre + "ln2.b"])
-        pre_act = h2 @ params[pre + "mlp.w1"] + params[pre + "mlp.b1"]            # (B, T, M)
+        pre_act, _ = linear_forward(h2, params[pre + "mlp.w1"], params[pre + "mlp.b1"])  # (B, T, M)
         act, _ = gelu_forward(pre_act)
-        x = x + (act @ params[pre + "mlp.w2"] + params[pre + "mlp.b2"])
+        x = x + linear_forward(act, params[pre + "mlp.w2"], params[pre + "mlp.b2"])[0]
         lc.update(h2=h2, pre_act=pre_act, act=act, x_out=x)
         cache["layers"].append(lc)
         cache["resid"].append(x)
     xf, cache["lnf"] = layernorm_forward(x, params["lnf.g"], params["lnf.b"])
     cache["xf"] = xf
-    logits = xf @ params["unembed.w"] + params["unembed.b"]                        # (B, T, K)
+    logits, _ = linear_forward(xf, params["unembed.w"], params["unembed.b"])        # (B, T, K)
     return logits, cache
 
 

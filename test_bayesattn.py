@@ -9,6 +9,7 @@ against the tensor's own scale (a per-entry ratio would blow up on entries that 
 
 import math
 
+import numba
 import numpy as np
 import pytest
 
@@ -183,6 +184,43 @@ def test_kernels_match_references(dtype):
         assert dz.dtype == dtype
         _close(loss, loss_ref, dtype)
         _close(dz[0], dz_ref, dtype)
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["numba", "python"])
+def test_exp32_matches_exp(compiled):
+    """exp32 (the kernels' float32 e^x) against float64 exp: within 1.5e-7 relative wherever e^x is a
+    normal float32, 0 below that range, inf above it, NaN for NaN."""
+    exp32 = ba.exp32 if compiled else getattr(ba.exp32, "py_func", ba.exp32)   # NUMBA_DISABLE_JIT: plain already
+    xs = np.linspace(-87.3, 88.7, 200_001 if compiled else 2_001).astype(np.float32)
+    xs = np.concatenate([xs, np.float32([0, -0.0, 1e-30, -1e-30, 0.34657359, -0.34657359])])
+    got = np.array([exp32(x) for x in xs], dtype=np.float64)
+    want = np.exp(xs.astype(np.float64))
+    err = np.abs(got - want) / want
+    assert err.max() <= 1.5e-7, f"exp32 relative error {err.max():.2e} at x = {xs[err.argmax()]}"
+    edge = np.float32([-1000, -88, -87.4, 88.8, 89, 1000, np.inf, -np.inf, np.nan])
+    with np.errstate(all="ignore"):                  # plain Python: NumPy warns on the overflowing casts
+        got = [exp32(x) for x in edge]
+    assert got[:3] == [0, 0, 0] and got[3:7] == [np.inf] * 4 and got[7] == 0 and np.isnan(got[8]), got
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_split_matmuls_match_blas(dtype, monkeypatch):
+    """matmul / matmul_tn cut the rows into blocks, one BLAS call per thread. With the size threshold
+    at 0 every product is split: any row count, including fewer rows than threads, and a
+    transposed right factor must give the plain product."""
+    monkeypatch.setattr(ba, "SPLIT_FLOPS", 0)
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("needs two Numba threads to split")
+    numba.set_num_threads(2)
+    rng = np.random.default_rng(9)
+    for n in (1, 2, 3, 37):
+        a, c = rng.normal(size=(n, 6)).astype(dtype), rng.normal(size=(n, 4)).astype(dtype)
+        w, z = rng.normal(size=(6, 5)).astype(dtype), rng.normal(size=(5, 4)).astype(dtype)
+        out, tn = ba.matmul(a, w), ba.matmul_tn(a, c)
+        assert out.shape == (n, 5) and out.dtype == dtype and tn.shape == (6, 4) and tn.dtype == dtype
+        _close(out, a @ w, dtype)
+        _close(ba.matmul(c, z.T), c @ z.T, dtype)
+        _close(tn, a.T @ c, dtype)
 
 
 # ----------------------------------------------------------------------------
