@@ -183,11 +183,31 @@ def embedding_forward(wte, wpe, tokens):
     return wte[tokens] + wpe[None, :T], tokens
 
 
+def scatter_add_ref(rows, idx, V):
+    """rows (N, C), idx (N,) ints in 0..V-1 -> out (V, C) with out[v] = sum of rows[n] where idx[n] = v."""
+    out = np.zeros((V, rows.shape[1]), dtype=rows.dtype)
+    np.add.at(out, idx, rows)
+    return out
+
+
+@njit(cache=True)
+def scatter_add_kernel(rows, idx, V):
+    """Numba twin of scatter_add_ref: one pass over the rows (np.add.at is slow on many rows)."""
+    N, C = rows.shape
+    out = np.zeros((V, C), dtype=rows.dtype)
+    for n in range(N):
+        for c in range(C):
+            out[idx[n], c] += rows[n, c]
+    return out
+
+
 def embedding_backward(dx, tokens, V):
     """dx (B, T, C) -> dwte (V, C), dwpe (T, C). Rows that share a token add up."""
     C = dx.shape[-1]
-    dwte = np.zeros((V, C), dtype=dx.dtype)
-    np.add.at(dwte, tokens.reshape(-1), dx.reshape(-1, C))
+    idx = np.ascontiguousarray(tokens.reshape(-1))
+    if idx.size and (idx.min() < 0 or idx.max() >= V):      # the kernel does not bounds-check
+        raise ValueError(f"token ids must lie in 0..{V - 1}, got {idx.min()}..{idx.max()}")
+    dwte = scatter_add_kernel(np.ascontiguousarray(dx.reshape(-1, C)), idx, V)
     dwpe = dx.sum(axis=0)                                        # (T, C)
     return dwte, dwpe
 
@@ -271,13 +291,13 @@ def layernorm_forward_ref(x, g, b):
 
 
 def layernorm_backward_ref(dy, x, mean, rstd, g):
-    """Returns dx (N, C). With xhat the normalised input and dxhat = dy * g:
-    dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))."""
+    """Returns dx (N, C), dg (C,), db (C,). With xhat the normalised input and dxhat = dy * g:
+    dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)),  dg = sum_n dy xhat,  db = sum_n dy."""
     xhat = (x - mean[:, None]) * rstd[:, None]
     dxhat = dy * g
     dx = rstd[:, None] * (dxhat - dxhat.mean(-1, keepdims=True)
                           - xhat * (dxhat * xhat).mean(-1, keepdims=True))
-    return dx.astype(x.dtype)
+    return dx.astype(x.dtype), (dy * xhat).sum(axis=0).astype(x.dtype), dy.sum(axis=0)
 
 
 @njit(cache=True, parallel=True, fastmath=FASTMATH)
@@ -307,24 +327,33 @@ def layernorm_forward_kernel(x, g, b, eps):
 
 @njit(cache=True, parallel=True, fastmath=FASTMATH)
 def layernorm_backward_kernel(dy, x, mean, rstd, g):
-    """Numba twin of layernorm_backward_ref (dx only; dg, db are sums done in NumPy)."""
+    """Numba twin of layernorm_backward_ref. dg and db sum over rows, so the rows are cut into 16
+    blocks (fixed, so the sums do not depend on the thread count), each summed into its own partial
+    by one thread; the partials add up at the end."""
     N, C = x.shape
     f = x.dtype.type
+    nt = min(N, 16)
     dx = np.empty_like(x)
-    for n in prange(N):
-        m, r = mean[n], rstd[n]
-        s1 = f(0)  # sum_c dxhat
-        s2 = f(0)  # sum_c dxhat * xhat
-        for c in range(C):
-            dxhat = dy[n, c] * g[c]
-            s1 += dxhat
-            s2 += dxhat * (x[n, c] - m) * r
-        s1 /= f(C)
-        s2 /= f(C)
-        for c in range(C):
-            xhat = (x[n, c] - m) * r
-            dx[n, c] = r * (dy[n, c] * g[c] - s1 - xhat * s2)
-    return dx
+    dg = np.zeros((nt, C), dtype=x.dtype)
+    db = np.zeros((nt, C), dtype=x.dtype)
+    for t in prange(nt):
+        for n in range(N * t // nt, N * (t + 1) // nt):
+            m, r = mean[n], rstd[n]
+            s1 = f(0)  # sum_c dxhat
+            s2 = f(0)  # sum_c dxhat * xhat
+            for c in range(C):
+                xhat = (x[n, c] - m) * r
+                dxhat = dy[n, c] * g[c]
+                s1 += dxhat
+                s2 += dxhat * xhat
+                dg[t, c] += dy[n, c] * xhat
+                db[t, c] += dy[n, c]
+            s1 /= f(C)
+            s2 /= f(C)
+            for c in range(C):
+                xhat = (x[n, c] - m) * r
+                dx[n, c] = r * (dy[n, c] * g[c] - s1 - xhat * s2)
+    return dx, dg.sum(axis=0), db.sum(axis=0)
 
 
 def layernorm_forward(x, g, b):
@@ -339,9 +368,8 @@ def layernorm_backward(dy, cache):
     """-> dx (..., C), dg (C,), db (C,)."""
     x2, mean, rstd, g, shape = cache
     dy2 = np.ascontiguousarray(dy.reshape(-1, shape[-1]))
-    dx = layernorm_backward_kernel(dy2, x2, mean, rstd, g)
-    xhat = (x2 - mean[:, None]) * rstd[:, None]
-    return dx.reshape(shape), (dy2 * xhat).sum(axis=0), dy2.sum(axis=0)
+    dx, dg, db = layernorm_backward_kernel(dy2, x2, mean, rstd, g)
+    return dx.reshape(shape), dg, db
 
 
 # ----------------------------------------------------------------------------

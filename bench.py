@@ -198,6 +198,7 @@ def kernel_cases(cfg, batch):
     _, mean, rstd = ba.layernorm_forward_ref(x, g, b)
     s = r(B * NH * T, T) * 3                               # rows of attention scores
     logits, t, w = r(B, T, K), batch["targets"], batch["mask"]
+    idx = np.ascontiguousarray(batch["tokens"].reshape(-1))  # embedding backward: rows added by token
     return {
         f"attention fwd {q.shape}": (lambda: ba.attention_forward_kernel(q, k, v),
                                      lambda: ba.attention_forward_ref(q, k, v)),
@@ -210,6 +211,8 @@ def kernel_cases(cfg, batch):
                                      lambda: ba.layernorm_backward_ref(dy, x, mean, rstd, g)),
         f"gelu fwd {h.shape}": (lambda: ba.gelu_forward_kernel(h), lambda: ba.gelu_forward_ref(h)),
         f"gelu bwd {h.shape}": (lambda: ba.gelu_backward_kernel(dh, h), lambda: ba.gelu_backward_ref(dh, h)),
+        f"scatter-add {x.shape}": (lambda: ba.scatter_add_kernel(x, idx, cfg.vocab_size),
+                                   lambda: ba.scatter_add_ref(x, idx, cfg.vocab_size)),
         f"cross-entropy {logits.shape}": (lambda: ba.cross_entropy(logits, t, w),
                                           lambda: ba.cross_entropy_ref(logits.reshape(-1, K), t.reshape(-1),
                                                                        w.reshape(-1))),

@@ -163,7 +163,9 @@ def test_kernels_match_references(dtype):
     for a, e in ((y, y_ref), (mean, mean_ref), (rstd, rstd_ref)):
         assert a.dtype == dtype
         _close(a, e, dtype)
-    _close(ba.layernorm_backward_kernel(dy, x, mean, rstd, g), ba.layernorm_backward_ref(dy, x, mean, rstd, g), dtype)
+    for a, e in zip(ba.layernorm_backward_kernel(dy, x, mean, rstd, g), ba.layernorm_backward_ref(dy, x, mean, rstd, g)):
+        assert a.dtype == dtype
+        _close(a, e, dtype)
     _close(ba.gelu_forward_kernel(x), ba.gelu_forward_ref(x), dtype)
     _close(ba.gelu_backward_kernel(dy, x), ba.gelu_backward_ref(dy, x), dtype)
     _close(ba.softmax_kernel(x * 3), ba.softmax_ref(x * 3), dtype)
@@ -176,6 +178,8 @@ def test_kernels_match_references(dtype):
     for a, e in zip(ba.attention_backward_kernel(u, alpha, q, k, v), ba.attention_backward_ref(u, alpha, q, k, v)):
         assert a.dtype == dtype
         _close(a, e, dtype)
+    idx = rng.integers(0, 4, 13)
+    _close(ba.scatter_add_kernel(x, idx, 5), ba.scatter_add_ref(x, idx, 5), dtype)
     logits, w = r(13, 5), (rng.random(13) < 0.7).astype(np.float64)
     hard, soft = rng.integers(0, 5, 13), rng.dirichlet(np.ones(5), 13).astype(dtype)
     for t in (hard, soft):
