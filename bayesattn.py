@@ -10,9 +10,10 @@ accumulated into buffers). `backward` returns a dict with the same keys as the
 parameters.
 
 Every op is a pair `x_forward(...) -> (out, cache)` / `x_backward(dout, cache)`.
-The hot loops (attention, softmax, LayerNorm, GELU, softmax + cross-entropy)
-are Numba kernels named `*_kernel`; beside each one is a plain NumPy reference
-named `*_ref`, and the test suite checks that the two agree.
+The hot loops (attention, softmax, LayerNorm, GELU, softmax + cross-entropy, the
+embedding's scatter-add) are Numba kernels named `*_kernel`; beside each one is a
+plain NumPy reference named `*_ref`, and the test suite checks that the two agree.
+Their e^x is `exp32` in float32 (vectorisable), `math.exp` otherwise.
 Matrix products are BLAS calls, large ones split by rows over threads (`matmul`).
 
 The attention backward is written as the papers' E-step and M-step
@@ -60,8 +61,8 @@ FASTMATH = {"reassoc", "contract"}
 # shift, which the compiler does vectorise: 5-10x faster than math.exp in the kernels' loops.
 
 LOG2E = 1.4426950408889634         # 1 / ln 2
-LN2_HI = 0.693145751953125         # ln 2 = LN2_HI + LN2_LO; LN2_HI has 13 significant bits, so
-LN2_LO = 1.4286068203094173e-06    # n * LN2_HI is exact in float32 for every |n| < 2^11
+LN2_HI = 0.693145751953125         # ln 2 = LN2_HI + LN2_LO; LN2_HI = 22713 / 2^15 has 15 significant
+LN2_LO = 1.4286068202862268e-06    # bits, so n * LN2_HI is exact in float32 for every |n| < 2^9
 
 
 @njit(cache=True, fastmath=FASTMATH)

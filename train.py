@@ -49,7 +49,7 @@ PRESETS = {
     "hmm": {
         "quick":   dict(width=32, layers=2, heads=2, batch=16, steps=40, lr=3e-3, warmup=10),
         "default": dict(width=64, layers=4, heads=4, batch=32, steps=3000, lr=2e-3, warmup=100),
-        "paper":   dict(width=96, layers=6, heads=6, batch=32, steps=13000, lr=1.5e-3, warmup=300, lr_floor=0.0),
+        "paper":   dict(width=96, layers=6, heads=6, batch=32, steps=17000, lr=1.5e-3, warmup=300, lr_floor=0.0),
     },
 }
 WEIGHT_DECAY = 0.01
