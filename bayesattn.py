@@ -67,9 +67,10 @@ LN2_LO = 1.4286068202862268e-06    # bits, so n * LN2_HI is exact in float32 for
 
 @njit(cache=True, fastmath=FASTMATH)
 def exp32(x):
-    """e^x for a float32 x, within 1e-7 relative on the normal range; 0 below it, inf above.
+    """e^x for a float32 x, within 1.5e-7 relative (about one float32 step) wherever e^x is a normal
+    float32; 0 for x < -87.33 (the normal range ends at -87.34), inf above it, NaN for NaN.
         x = n ln2 + r with n = round(x / ln2), |r| <= ln2 / 2, so e^x = 2^n e^r;
-        e^r = sum_k r^k / k! up to k = 7 (the rest is below 6e-9 relative);
+        e^r = sum_k r^k / k! up to k = 7 (the rest is below 7e-9 relative);
         2^n = 2^n1 2^n2 with n1 = n // 2, each made as the float32 bit pattern (m + 127) << 23."""
     f = np.float32
     y = min(max(x, f(-87.33)), f(89.0))             # 2^n1 and 2^n2 stay normal floats
@@ -219,9 +220,10 @@ def embedding_backward(dx, tokens, V):
 # BLAS runs with one thread (see the top of the module). A large product is cut into blocks of
 # rows, one per Numba thread (numba.get_num_threads(), so NUMBA_NUM_THREADS pins both), and each
 # block is one BLAS call; NumPy releases the GIL inside it, so the blocks run at the same time.
-# Python threads, not a Numba kernel: Numba cannot cache a function that calls BLAS.
+# With more than one thread, dW = x^T dout adds its row blocks' partial sums, so the last bits of a
+# result depend on the thread count (a run is bit-identical only at the same NUMBA_NUM_THREADS).
 
-SPLIT_FLOPS = 1 << 22      # smaller products go to BLAS whole: handing out blocks costs more than it saves
+SPLIT_FLOPS = 1 << 22      # multiply-adds; smaller products go to BLAS whole (handing out blocks costs more)
 _pool = None               # ThreadPoolExecutor, created on first use
 
 
@@ -244,7 +246,7 @@ def _run_blocks(jobs):
 def matmul(a, b):
     """a (N, K) @ b (K, M) -> (N, M); out[rows] = a[rows] @ b for each block of rows."""
     N, M = a.shape[0], b.shape[1]
-    if N * a.shape[1] * M < SPLIT_FLOPS or numba.get_num_threads() == 1:
+    if N * a.shape[1] * M < SPLIT_FLOPS or numba.get_num_threads() == 1 or N == 0:
         return a @ b
     out = np.empty((N, M), dtype=np.result_type(a, b))
     _run_blocks([lambda lo=lo, hi=hi: np.matmul(a[lo:hi], b, out=out[lo:hi]) for lo, hi in _blocks(N)])
@@ -254,7 +256,7 @@ def matmul(a, b):
 def matmul_tn(a, b):
     """a (N, K), b (N, M) -> a^T b (K, M), a sum over rows: each block sums its rows, then the blocks add."""
     N, K, M = a.shape[0], a.shape[1], b.shape[1]
-    if N * K * M < SPLIT_FLOPS or numba.get_num_threads() == 1:
+    if N * K * M < SPLIT_FLOPS or numba.get_num_threads() == 1 or N == 0:
         return a.T @ b
     blocks = _blocks(N)
     part = np.empty((len(blocks), K, M), dtype=np.result_type(a, b))

@@ -353,7 +353,8 @@ def main(argv=None):
     n, reps = (256, 3) if args.quick else (2048, 7)
     ceiling = {t: sgemm_gflops(t, n, reps) for t in (1, 2)}
     print(f"sgemm {n}x{n} float32: {ceiling[1]:.1f} GFLOP/s at 1 BLAS thread, {ceiling[2]:.1f} GFLOP/s at 2; "
-          f"the step's matmuls use {os.environ['OPENBLAS_NUM_THREADS']} (OPENBLAS_NUM_THREADS)  ({load()})")
+          f"each of the step's BLAS calls uses {os.environ['OPENBLAS_NUM_THREADS']} (OPENBLAS_NUM_THREADS), "
+          f"large products split in row blocks over the Numba threads  ({load()})")
 
     ratios = {}
     for name in args.shapes:

@@ -178,6 +178,11 @@ def test_kernels_match_references(dtype):
     for a, e in zip(ba.attention_backward_kernel(u, alpha, q, k, v), ba.attention_backward_ref(u, alpha, q, k, v)):
         assert a.dtype == dtype
         _close(a, e, dtype)
+    # LayerNorm backward sums dg, db over 16 row blocks: 100 rows puts several rows in each block
+    x2, dy2 = r(100, 24), r(100, 24)
+    _, mean2, rstd2 = ba.layernorm_forward_kernel(x2, g, b, ba.LN_EPS)
+    for a, e in zip(ba.layernorm_backward_kernel(dy2, x2, mean2, rstd2, g), ba.layernorm_backward_ref(dy2, x2, mean2, rstd2, g)):
+        _close(a, e, dtype)
     idx = rng.integers(0, 4, 13)
     _close(ba.scatter_add_kernel(x, idx, 5), ba.scatter_add_ref(x, idx, 5), dtype)
     logits, w = r(13, 5), (rng.random(13) < 0.7).astype(np.float64)
@@ -194,6 +199,8 @@ def test_kernels_match_references(dtype):
 def test_exp32_matches_exp(compiled):
     """exp32 (the kernels' float32 e^x) against float64 exp: within 1.5e-7 relative wherever e^x is a
     normal float32, 0 below that range, inf above it, NaN for NaN."""
+    if compiled and numba.config.DISABLE_JIT:
+        pytest.skip("NUMBA_DISABLE_JIT=1: the compiled exp32 is the plain function, tested as 'python'")
     exp32 = ba.exp32 if compiled else getattr(ba.exp32, "py_func", ba.exp32)   # NUMBA_DISABLE_JIT: plain already
     xs = np.linspace(-87.3, 88.7, 200_001 if compiled else 2_001).astype(np.float32)
     xs = np.concatenate([xs, np.float32([0, -0.0, 1e-30, -1e-30, 0.34657359, -0.34657359])])
@@ -207,6 +214,16 @@ def test_exp32_matches_exp(compiled):
     assert got[:3] == [0, 0, 0] and got[3:7] == [np.inf] * 4 and got[7] == 0 and np.isnan(got[8]), got
 
 
+def test_kernels_use_exp32_for_float32():
+    """Inside compiled code fast_exp must dispatch float32 to exp32 (bit for bit) and float64 to exp."""
+    if numba.config.DISABLE_JIT:
+        pytest.skip("NUMBA_DISABLE_JIT=1: fast_exp is math.exp by design")
+    f = numba.njit(lambda x: ba.fast_exp(x))
+    for v in (-3.7, 0.1, 2.5, 40.0):
+        assert f(np.float32(v)) == ba.exp32(np.float32(v)), v
+        assert f(np.float64(v)) == math.exp(v), v
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_split_matmuls_match_blas(dtype, monkeypatch):
     """matmul / matmul_tn cut the rows into blocks, one BLAS call per thread. With the size threshold
@@ -215,7 +232,15 @@ def test_split_matmuls_match_blas(dtype, monkeypatch):
     monkeypatch.setattr(ba, "SPLIT_FLOPS", 0)
     if numba.config.NUMBA_NUM_THREADS < 2:
         pytest.skip("needs two Numba threads to split")
+    old_threads = numba.get_num_threads()
     numba.set_num_threads(2)
+    try:
+        _check_split_matmuls(dtype)
+    finally:
+        numba.set_num_threads(old_threads)
+
+
+def _check_split_matmuls(dtype):
     rng = np.random.default_rng(9)
     for n in (1, 2, 3, 37):
         a, c = rng.normal(size=(n, 6)).astype(dtype), rng.normal(size=(n, 4)).astype(dtype)
