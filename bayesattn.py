@@ -232,6 +232,11 @@ def _blocks(N):
     return [(N * c // nt, N * (c + 1) // nt) for c in range(nt)]
 
 
+def _split(N, K, M):
+    """Is an (N, K) @ (K, M) product worth cutting into row blocks?"""
+    return N * K * M >= SPLIT_FLOPS and numba.get_num_threads() > 1 and N > 0
+
+
 def _run_blocks(jobs):
     """Run the calls in jobs, the first on this thread and the rest on the pool; wait for all."""
     global _pool
@@ -246,7 +251,7 @@ def _run_blocks(jobs):
 def matmul(a, b):
     """a (N, K) @ b (K, M) -> (N, M); out[rows] = a[rows] @ b for each block of rows."""
     N, M = a.shape[0], b.shape[1]
-    if N * a.shape[1] * M < SPLIT_FLOPS or numba.get_num_threads() == 1 or N == 0:
+    if not _split(N, a.shape[1], M):
         return a @ b
     out = np.empty((N, M), dtype=np.result_type(a, b))
     _run_blocks([lambda lo=lo, hi=hi: np.matmul(a[lo:hi], b, out=out[lo:hi]) for lo, hi in _blocks(N)])
@@ -256,7 +261,7 @@ def matmul(a, b):
 def matmul_tn(a, b):
     """a (N, K), b (N, M) -> a^T b (K, M), a sum over rows: each block sums its rows, then the blocks add."""
     N, K, M = a.shape[0], a.shape[1], b.shape[1]
-    if N * K * M < SPLIT_FLOPS or numba.get_num_threads() == 1 or N == 0:
+    if not _split(N, K, M):
         return a.T @ b
     blocks = _blocks(N)
     part = np.empty((len(blocks), K, M), dtype=np.result_type(a, b))
@@ -774,8 +779,8 @@ def backward(dlogits, cache, params, cfg):
     dwte, dwpe = embedding_backward(dx, cache["tokens"], cfg.vocab_size)
     g["wte"] = dwte
     if cfg.pos == "learned":
-        g["wpe"] = np.zeros_like(params["wpe"])
-        np.add.at(g["wpe"], position_rows(cfg, cache["T"]), dwpe)   # clamped positions share a row
+        # clamped positions share a row, so their gradients add up
+        g["wpe"] = scatter_add_kernel(dwpe, position_rows(cfg, cache["T"]), params["wpe"].shape[0])
     return g
 
 
