@@ -45,6 +45,10 @@ def assert_clear_error(proc, expected):
     (["--dtype", "float16"], "--dtype 'float16': allowed are float32, float64"),
     (["--pos", "rope"], "--pos 'rope': allowed are learned, sinusoidal"),
     (["--lr-floor", "1.5"], "--lr-floor 1.5: must lie in [0, 1] (a fraction of --lr)"),
+    (["--weight-decay", "1.5"], "--weight-decay 1.5: must lie in [0, 1)"),
+    (["--weight-decay=-0.1"], "--weight-decay -0.1: must lie in [0, 1)"),
+    (["--threads", "0"], "--threads 0: must lie in 1.."),
+    (["--threads", "999"], "--threads 999: must lie in 1.."),
     (["--steps", "many"], "invalid int value: 'many'"),
     (["--eval-only", "missing.npz"], "checkpoint 'missing.npz' does not exist"),
     (["--out", "/proc/no/such/dir"], "--out '/proc/no/such/dir' cannot be written"),
@@ -67,6 +71,8 @@ def test_corrupt_and_mismatched_checkpoints(tmp_path):
                        "has task='bijection' but this run asks for 'hmm'")
     assert_clear_error(run([*QUICK, "--steps", "5", "--out", str(out), "--resume", "--lr-floor", "0"], tmp_path),
                        "has lr_floor=0.1 but this run asks for 0.0")
+    assert_clear_error(run([*QUICK, "--steps", "5", "--out", str(out), "--resume", "--weight-decay", "0"], tmp_path),
+                       "has weight_decay=0.01 but this run asks for 0.0")
     assert_clear_error(run([*QUICK, "--steps", "5", "--out", str(out), "--resume", "--width", "16"], tmp_path),
                        "holds width 32, 2 layers, 2 heads, not the 16/2/2 asked for")
     assert_clear_error(run([*QUICK, "--steps", "5", "--out", str(tmp_path / "empty"), "--resume"], tmp_path),
@@ -118,6 +124,20 @@ def test_lr_floor_sets_the_end_of_the_cosine(floor, tmp_path):
     want = [ba.lr_schedule(s, 2e-3, 5, 30, min_lr=2e-3 * float(floor)) for s in range(30)]
     assert np.allclose(logged, want, rtol=1e-3, atol=0), (logged, want)
     assert json.loads((out / "metrics.json").read_text())["steps"] == 30
+
+
+def test_weight_decay_and_threads_are_applied_and_recorded(tmp_path):
+    """The same run with and without weight decay differs; the checkpoint records both settings."""
+    params = {}
+    for wd in ("0", "0.5"):
+        out = tmp_path / f"wd{wd}"
+        assert run([*QUICK, "--steps", "8", "--weight-decay", wd, "--threads", "1", "--out", str(out)],
+                   tmp_path).returncode == 0
+        params[wd], _, meta, _ = ba.load_checkpoint(str(out / "checkpoint.npz"))
+        assert meta["weight_decay"] == float(wd) and meta["threads"] == 1
+    # decay shrinks the matrices (W <- W - lr * wd * W each step), never the LayerNorm gains or biases
+    assert np.abs(params["0.5"]["blocks.0.mlp.w1"]).sum() < np.abs(params["0"]["blocks.0.mlp.w1"]).sum()
+    assert not np.array_equal(params["0.5"]["wte"], params["0"]["wte"])
 
 
 @pytest.mark.parametrize("task", ["bijection", "hmm"])

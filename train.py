@@ -22,6 +22,7 @@ import signal  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 
+import numba  # noqa: E402
 import numpy as np  # noqa: E402
 
 import bayesattn as ba  # noqa: E402
@@ -44,7 +45,10 @@ PRESETS = {
     "bijection": {
         "quick":   dict(width=32, layers=2, heads=2, batch=32, steps=60, lr=3e-3, warmup=10),
         "default": dict(width=64, layers=3, heads=4, batch=64, steps=3000, lr=3e-3, warmup=100),
-        "paper":   dict(width=64, layers=3, heads=4, batch=256, steps=10000, lr=3e-3, warmup=300, lr_floor=0.0),
+        # many small steps: per sample, batch 16 pulls the leaked mass off seen values faster than batch 256;
+        # at this size a second Numba thread costs more than it gives, so the run uses one
+        "paper":   dict(width=64, layers=3, heads=4, batch=16, steps=130000, lr=3e-3, warmup=400, lr_floor=0.0,
+                        weight_decay=0.0, threads=1),
     },
     "hmm": {
         "quick":   dict(width=32, layers=2, heads=2, batch=16, steps=40, lr=3e-3, warmup=10),
@@ -202,7 +206,8 @@ def train(model, params, cfg, spec, args, run_dir, opt_state=None, start=0, log_
                 fail(f"step {step + 1}: the loss ({loss}) or the gradient norm ({norm}) is not finite; "
                      f"training stopped, {kept} (try a smaller --lr)")
             lr = ba.lr_schedule(step, args.lr, args.warmup, args.steps, min_lr=args.lr * args.lr_floor)
-            ba.adamw_step(params, grads, opt_state, lr, beta1=BETAS[0], beta2=BETAS[1], weight_decay=WEIGHT_DECAY)
+            ba.adamw_step(params, grads, opt_state, lr, beta1=BETAS[0], beta2=BETAS[1],
+                          weight_decay=args.weight_decay)
             loss_bits, floor = ba.bits(loss), bayes_loss_bits(batch, spec["soft"])
             log.writerow([step + 1, f"{loss_bits:.6f}", f"{floor:.6f}", f"{lr:.3e}", f"{norm:.4f}",
                           f"{time.time() - t0:.2f}"])
@@ -232,8 +237,9 @@ def train(model, params, cfg, spec, args, run_dir, opt_state=None, start=0, log_
 
 def run_meta(args, step, seconds=0.0):
     return dict(seconds=round(seconds, 2), task=args.task, model=args.model, step=step, steps=args.steps, seed=args.seed,
-                batch=args.batch, lr=args.lr, warmup=args.warmup, lr_floor=args.lr_floor, soft=args.soft,
-                replacement=args.replacement, preset=args.preset, V=args.V, K=args.K, pos=args.pos, dtype=args.dtype)
+                batch=args.batch, lr=args.lr, warmup=args.warmup, lr_floor=args.lr_floor,
+                weight_decay=args.weight_decay, soft=args.soft, replacement=args.replacement, preset=args.preset,
+                threads=args.threads, V=args.V, K=args.K, pos=args.pos, dtype=args.dtype)
 
 
 def save_run_checkpoint(run_dir, params, cfg, args, step, opt_state, seconds):
@@ -359,6 +365,9 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, help="peak learning rate (warm-up, then cosine to lr * lr-floor)")
     p.add_argument("--lr-floor", type=float, help="final learning rate as a fraction of --lr (default 0.1)")
     p.add_argument("--warmup", type=int, help="warm-up steps")
+    p.add_argument("--weight-decay", type=float, help=f"AdamW decoupled weight decay on the matrices "
+                   f"(default {WEIGHT_DECAY} unless the preset says otherwise)")
+    p.add_argument("--threads", type=int, help="Numba threads (default: all cores, unless the preset says otherwise)")
     p.add_argument("--seed", type=int, default=0, help="seed of the initialisation and the data stream")
     p.add_argument("--dtype", default="float32", help="float32 | float64")
     p.add_argument("--pos", default="learned", help="positions: learned | sinusoidal")
@@ -390,7 +399,7 @@ def parse_args(argv=None):
             ("--resume", args.resume), ("--eval-only", args.eval_only), ("--batch", args.batch),
             ("--width", args.width), ("--layers", args.layers), ("--heads", args.heads),
             ("--dtype", args.dtype != "float32"), ("--soft", args.soft), ("--replacement", args.replacement),
-            ("--lr-floor", args.lr_floor is not None))
+            ("--lr-floor", args.lr_floor is not None), ("--weight-decay", args.weight_decay is not None))
             if given]
         if ignored:
             fail(f"{', '.join(ignored)}: not used by --task sticky (allowed: --steps, --lr, --seed, --out, "
@@ -405,6 +414,14 @@ def parse_args(argv=None):
         args.lr_floor = 0.1
     if not 0.0 <= args.lr_floor <= 1.0:
         fail(f"--lr-floor {args.lr_floor}: must lie in [0, 1] (a fraction of --lr)")
+    if args.weight_decay is None:
+        args.weight_decay = WEIGHT_DECAY
+    if args.threads is None:
+        args.threads = numba.config.NUMBA_NUM_THREADS
+    if not 1 <= args.threads <= numba.config.NUMBA_NUM_THREADS:
+        fail(f"--threads {args.threads}: must lie in 1..{numba.config.NUMBA_NUM_THREADS} (NUMBA_NUM_THREADS)")
+    if not 0.0 <= args.weight_decay < 1.0:
+        fail(f"--weight-decay {args.weight_decay}: must lie in [0, 1)")
     for key in ("steps", "batch", "width", "layers", "heads", "warmup", "eval_seqs"):
         value = getattr(args, key)
         if value is not None and (value < 1 if key != "warmup" else value < 0):
@@ -456,6 +473,7 @@ def evaluate_run(args, predict, params, cfg_like):
 
 def main(argv=None):
     args = parse_args(argv)
+    numba.set_num_threads(args.threads)
     if args.eval_only:
         return eval_only(args)
     for flag, folder in (("--out", args.out), ("--figures", args.figures)):   # fail now, not after training
@@ -538,9 +556,10 @@ def load_for_resume(args):
     except ValueError as e:
         fail(f"--resume: {e}")
     want = run_meta(args, meta.get("step", 0))
-    for key in ("task", "model", "seed", "batch", "steps", "lr", "warmup", "lr_floor", "soft", "replacement", "V", "K",
-                "pos", "dtype"):
-        have = meta.get(key, 0.1 if key == "lr_floor" else None)   # runs older than --lr-floor used 0.1
+    for key in ("task", "model", "seed", "batch", "steps", "lr", "warmup", "lr_floor", "weight_decay", "soft",
+                "replacement", "V", "K", "pos", "dtype"):
+        # runs older than --lr-floor used 0.1, runs older than --weight-decay used 0.01
+        have = meta.get(key, {"lr_floor": 0.1, "weight_decay": WEIGHT_DECAY}.get(key))
         if have != want[key]:
             fail(f"--resume: checkpoint {path!r} has {key}={have!r} but this run asks for {want[key]!r}")
     if opt_state is None:
