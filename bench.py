@@ -3,6 +3,7 @@
     python bench.py                          # the three training shapes; PyTorch too if it is installed
     python bench.py --quick                  # tiny shapes, few repeats: a smoke test
     python bench.py --shapes hmm-paper --repeats 60
+    python bench.py --shapes bij-b256         # the earlier bijection paper preset (batch 256)
 
 A step is what train.py does: loss_and_grads, clip_grad_norm, adamw_step (train.py's betas,
 weight decay and clip). PyTorch gets the same float32 parameters, batch, shapes and thread count
@@ -11,7 +12,8 @@ learned positions, final LN, untied unembedding, AdamW with decay on the same te
 on the masked positions. Ours and PyTorch's steps are timed alternately, so a change in the load of
 this shared machine falls on both; every number is a median over repeats, with the load beside it.
 
-Also reported: each Numba kernel against its NumPy reference at the training shapes; the step's
+Also reported: our step with Numba held to one thread (the bijection paper preset trains that way);
+each Numba kernel against its NumPy reference at the training shapes; the step's
 GFLOP/s (matmul + attention flops counted analytically) beside a large float32 matmul (sgemm) on this
 machine; Numba compile time (fresh cache against cached); peak resident memory of a training loop.
 The last line is `worst ratio ours/torch: R` (R = nan without PyTorch).
@@ -42,7 +44,8 @@ LR = 1e-3               # a constant learning rate: the schedule costs nothing
 SHAPES = {
     # name -> task and sizes; bijection: vocab 40, classes 20, T 38; hmm: vocab 102, classes 5, T 72
     "bij-default": dict(task="bijection", width=64, layers=3, heads=4, batch=64),
-    "bij-paper":   dict(task="bijection", width=64, layers=3, heads=4, batch=256),
+    "bij-paper":   dict(task="bijection", width=64, layers=3, heads=4, batch=16),
+    "bij-b256":    dict(task="bijection", width=64, layers=3, heads=4, batch=256),   # the earlier paper preset
     "hmm-paper":   dict(task="hmm", width=96, layers=6, heads=6, batch=32),
     # --quick
     "tiny-bij":    dict(task="bijection", V=6, width=16, layers=1, heads=2, batch=8),
@@ -108,6 +111,18 @@ def step_flops(cfg, B, T):
     pairs = B * NH * T * (T + 1) // 2                      # (i, j) with j <= i, per batch and head
     layer = 2 * N * C * C * 4 + 2 * N * C * M * 2 + 2 * pairs * (C // NH) * 2
     return 3 * (cfg.n_layers * layer + 2 * N * C * K)
+
+
+def one_thread(step):
+    """The same step with Numba (and so the row-block split of the products) held to one thread."""
+    def step_1():
+        threads = numba.get_num_threads()
+        numba.set_num_threads(1)
+        try:
+            step()
+        finally:
+            numba.set_num_threads(threads)
+    return step_1
 
 
 def ours_step(cfg, params, batch):
@@ -363,18 +378,20 @@ def main(argv=None):
         print(f"\n{name}: vocab {cfg.vocab_size}, classes {cfg.n_classes}, T {T}, width {cfg.d_model}, "
               f"{cfg.n_layers} layers, {cfg.n_heads} heads, batch {B}, {ba.count_params(params)} parameters")
         ours = ours_step(cfg, params, batch)
-        fs = [ours]
+        fs = [ours, one_thread(ours)]
         if torch_version:
             theirs, loss_torch = torch_step(cfg, params, batch)
             loss_ours, _ = ba.loss_and_grads(params, batch["tokens"], batch["targets"], batch["mask"], cfg)
             print(f"  initial loss: ours {loss_ours:.6f}  torch {loss_torch:.6f}  (same model, same batch)")
             fs.append(theirs)
         times = interleaved(fs, args.repeats, warmup)
+        times_1, times[1:] = times[1], times[2:]
         flops = step_flops(cfg, B, T)
         gflops = flops / np.median(times[0]) / 1e9
         print(f"  step: ours  {median_ms(times[0]):8.2f} ms ({spread(times[0])})  {gflops:.1f} GFLOP/s = "
               f"{100 * gflops / ceiling[1]:.0f}% of 1-thread sgemm, {100 * gflops / ceiling[2]:.0f}% of 2-thread "
               f"({flops / 1e9:.3f} GFLOP/step)  ({load()})")
+        print(f"  step: ours with 1 Numba thread {median_ms(times_1):8.2f} ms ({spread(times_1)})")
         if torch_version:
             ratios[name] = np.median(times[0]) / np.median(times[1])
             print(f"  step: torch {median_ms(times[1]):8.2f} ms ({spread(times[1])})  "
