@@ -22,6 +22,7 @@ The last line is `worst ratio ours/torch: R` (R = nan without PyTorch).
 import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as bayesattn.py and train.py: BLAS threads fight Numba's
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")  # as bayesattn.py; PyTorch in this process gets it too
 
 import argparse  # noqa: E402
 import math  # noqa: E402

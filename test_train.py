@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+import numba
 import numpy as np
 import pytest
 
@@ -137,7 +138,30 @@ def test_weight_decay_and_threads_are_applied_and_recorded(tmp_path):
         assert meta["weight_decay"] == float(wd) and meta["threads"] == 1
     # decay shrinks the matrices (W <- W - lr * wd * W each step), never the LayerNorm gains or biases
     assert np.abs(params["0.5"]["blocks.0.mlp.w1"]).sum() < np.abs(params["0"]["blocks.0.mlp.w1"]).sum()
-    assert not np.array_equal(params["0.5"]["wte"], params["0"]["wte"])
+    if numba.config.NUMBA_NUM_THREADS >= 2:                  # resuming on another thread count is refused
+        assert_clear_error(run([*QUICK, "--steps", "8", "--weight-decay", "0", "--threads", "2", "--resume",
+                                "--out", str(tmp_path / "wd0")], tmp_path), "was trained with --threads 1")
+
+
+def test_presets_set_weight_decay_and_threads_unless_given():
+    import train
+    paper = train.parse_args(["--preset", "paper"])
+    assert (paper.batch, paper.steps, paper.weight_decay, paper.threads) == (16, 130000, 0.0, 1)
+    given = train.parse_args(["--preset", "paper", "--weight-decay", "0.01", "--batch", "256"])
+    assert (given.batch, given.weight_decay) == (256, 0.01)
+    default = train.parse_args([])
+    assert default.weight_decay == train.WEIGHT_DECAY and default.threads == numba.config.NUMBA_NUM_THREADS
+
+
+def test_threads_flag_sets_numbas_thread_count(tmp_path):
+    import train
+    before = numba.get_num_threads()
+    try:
+        train.main([*QUICK, "--steps", "2", "--threads", "1", "--out", str(tmp_path / "t"),
+                    "--figures", str(tmp_path / "figures")])
+        assert numba.get_num_threads() == 1
+    finally:
+        numba.set_num_threads(before)
 
 
 @pytest.mark.parametrize("task", ["bijection", "hmm"])

@@ -403,7 +403,7 @@ def parse_args(argv=None):
             if given]
         if ignored:
             fail(f"{', '.join(ignored)}: not used by --task sticky (allowed: --steps, --lr, --seed, --out, "
-                 f"--figures, --compare-em)")
+                 f"--figures, --compare-em, --threads)")
     if args.task != "sticky":
         if args.preset not in PRESETS[args.task]:
             fail(f"--preset {args.preset!r}: allowed are {', '.join(PRESETS[args.task])}")
@@ -562,6 +562,10 @@ def load_for_resume(args):
         have = meta.get(key, {"lr_floor": 0.1, "weight_decay": WEIGHT_DECAY}.get(key))
         if have != want[key]:
             fail(f"--resume: checkpoint {path!r} has {key}={have!r} but this run asks for {want[key]!r}")
+    # the split products' partial sums depend on the thread count: a bit-identical resume needs the same
+    if "threads" in meta and meta["threads"] != args.threads:
+        fail(f"--resume: checkpoint {path!r} was trained with --threads {meta['threads']}, this run asks for "
+             f"{args.threads} (pass --threads {meta['threads']})")
     if opt_state is None:
         fail(f"--resume: checkpoint {path!r} holds no optimiser state")
     if args.model == "transformer" and (cfg.d_model, cfg.n_layers, cfg.n_heads) != (args.width, args.layers, args.heads):
