@@ -416,12 +416,12 @@ def parse_args(argv=None):
         fail(f"--lr-floor {args.lr_floor}: must lie in [0, 1] (a fraction of --lr)")
     if args.weight_decay is None:
         args.weight_decay = WEIGHT_DECAY
+    if not 0.0 <= args.weight_decay < 1.0:
+        fail(f"--weight-decay {args.weight_decay}: must lie in [0, 1)")
     if args.threads is None:
         args.threads = numba.config.NUMBA_NUM_THREADS
     if not 1 <= args.threads <= numba.config.NUMBA_NUM_THREADS:
         fail(f"--threads {args.threads}: must lie in 1..{numba.config.NUMBA_NUM_THREADS} (NUMBA_NUM_THREADS)")
-    if not 0.0 <= args.weight_decay < 1.0:
-        fail(f"--weight-decay {args.weight_decay}: must lie in [0, 1)")
     for key in ("steps", "batch", "width", "layers", "heads", "warmup", "eval_seqs"):
         value = getattr(args, key)
         if value is not None and (value < 1 if key != "warmup" else value < 0):
@@ -556,16 +556,13 @@ def load_for_resume(args):
     except ValueError as e:
         fail(f"--resume: {e}")
     want = run_meta(args, meta.get("step", 0))
-    for key in ("task", "model", "seed", "batch", "steps", "lr", "warmup", "lr_floor", "weight_decay", "soft",
-                "replacement", "V", "K", "pos", "dtype"):
-        # runs older than --lr-floor used 0.1, runs older than --weight-decay used 0.01
-        have = meta.get(key, {"lr_floor": 0.1, "weight_decay": WEIGHT_DECAY}.get(key))
+    # threads too: the split products' partial sums depend on it, and a resume is bit-identical only at the same
+    for key in ("task", "model", "seed", "batch", "steps", "lr", "warmup", "lr_floor", "weight_decay", "threads",
+                "soft", "replacement", "V", "K", "pos", "dtype"):
+        # runs older than --lr-floor used 0.1, older than --weight-decay 0.01; older than --threads: not checked
+        have = meta.get(key, {"lr_floor": 0.1, "weight_decay": WEIGHT_DECAY, "threads": want["threads"]}.get(key))
         if have != want[key]:
             fail(f"--resume: checkpoint {path!r} has {key}={have!r} but this run asks for {want[key]!r}")
-    # the split products' partial sums depend on the thread count: a bit-identical resume needs the same
-    if "threads" in meta and meta["threads"] != args.threads:
-        fail(f"--resume: checkpoint {path!r} was trained with --threads {meta['threads']}, this run asks for "
-             f"{args.threads} (pass --threads {meta['threads']})")
     if opt_state is None:
         fail(f"--resume: checkpoint {path!r} holds no optimiser state")
     if args.model == "transformer" and (cfg.d_model, cfg.n_layers, cfg.n_heads) != (args.width, args.layers, args.heads):
