@@ -103,6 +103,30 @@ def _fast_exp_compiled(x):
 
 
 # ----------------------------------------------------------------------------
+# how many threads a kernel gets
+#
+# Waking Numba's sleeping worker thread costs about 0.1 ms on this 2-core machine (its OpenMP
+# threads wait passively, see the top of the module): as long as LayerNorm over 200,000 numbers
+# takes on one thread. So a kernel that would take less than PARALLEL_MIN_US on one thread runs on
+# the calling thread alone. Each call site estimates that time as items x the kernel's one-thread
+# cost per item (`python bench.py` prints every kernel's time on one thread and as called here).
+
+PARALLEL_MIN_US = 200.0
+
+
+def run_kernel(kernel, one_thread_us, *args):
+    """kernel(*args), on one thread if its estimated one-thread time is under PARALLEL_MIN_US."""
+    threads = numba.get_num_threads()
+    if one_thread_us >= PARALLEL_MIN_US or threads == 1:
+        return kernel(*args)
+    numba.set_num_threads(1)
+    try:
+        return kernel(*args)
+    finally:
+        numba.set_num_threads(threads)
+
+
+# ----------------------------------------------------------------------------
 # configuration
 
 @dataclass
@@ -368,7 +392,7 @@ def layernorm_forward(x, g, b):
     """x (..., C) -> y (..., C), cache."""
     shape = x.shape
     x2 = np.ascontiguousarray(x.reshape(-1, shape[-1]))
-    y, mean, rstd = layernorm_forward_kernel(x2, g, b, LN_EPS)
+    y, mean, rstd = run_kernel(layernorm_forward_kernel, x2.size * 0.5e-3, x2, g, b, LN_EPS)  # 0.5 ns a number
     return y.reshape(shape), (x2, mean, rstd, g, shape)
 
 
@@ -376,7 +400,7 @@ def layernorm_backward(dy, cache):
     """-> dx (..., C), dg (C,), db (C,)."""
     x2, mean, rstd, g, shape = cache
     dy2 = np.ascontiguousarray(dy.reshape(-1, shape[-1]))
-    dx, dg, db = layernorm_backward_kernel(dy2, x2, mean, rstd, g)
+    dx, dg, db = run_kernel(layernorm_backward_kernel, x2.size * 0.7e-3, dy2, x2, mean, rstd, g)
     return dx.reshape(shape), dg, db
 
 
@@ -434,12 +458,12 @@ def gelu_backward_kernel(dy, x):
 def gelu_forward(x):
     shape = x.shape
     x2 = np.ascontiguousarray(x.reshape(-1, shape[-1]))
-    return gelu_forward_kernel(x2).reshape(shape), x2
+    return run_kernel(gelu_forward_kernel, x2.size * 1.3e-3, x2).reshape(shape), x2
 
 
 def gelu_backward(dy, x2):
     dy2 = np.ascontiguousarray(dy.reshape(x2.shape))
-    return gelu_backward_kernel(dy2, x2).reshape(dy.shape)
+    return run_kernel(gelu_backward_kernel, x2.size * 1.7e-3, dy2, x2).reshape(dy.shape)
 
 
 # ----------------------------------------------------------------------------
@@ -469,6 +493,12 @@ def softmax_kernel(s):
         for k in range(K):
             p[n, k] *= rz
     return p
+
+
+def softmax(s):
+    """Rows of s (N, K) -> probabilities, by softmax_kernel."""
+    s = np.ascontiguousarray(s)
+    return run_kernel(softmax_kernel, s.size * 1.8e-3, s)
 
 
 # ----------------------------------------------------------------------------
@@ -566,6 +596,16 @@ def attention_backward_kernel(u, alpha, q, k, v):
                     dq[bb, h, i, c] += ds * k[bb, h, j, c] * scale   # dq_i += ds_ij k_j / sqrt(hs)
                     dk[bb, h, j, c] += ds * q[bb, h, i, c] * scale   # dk_j += ds_ij q_i / sqrt(hs)
     return dq, dk, dv
+
+
+def attention_forward(q, k, v):
+    """-> o, alpha by attention_forward_kernel; its one-thread cost is about 0.7 ns per (i, j <= i, channel)."""
+    return run_kernel(attention_forward_kernel, q.size * q.shape[2] / 2 * 0.7e-3, q, k, v)
+
+
+def attention_backward(u, alpha, q, k, v):
+    """-> dq, dk, dv by attention_backward_kernel; about 0.7 ns per (i, j <= i, channel) on one thread."""
+    return run_kernel(attention_backward_kernel, q.size * q.shape[2] / 2 * 0.7e-3, u, alpha, q, k, v)
 
 
 def split_heads(x, NH):
@@ -667,10 +707,11 @@ def cross_entropy(logits, targets, mask):
     if targets.ndim == 2:
         if targets.size and (targets.min() < 0 or targets.max() >= K):  # the kernel does not bounds-check
             raise ValueError(f"class targets must lie in 0..{K - 1}, got {targets.min()}..{targets.max()}")
-        rows, dz = cross_entropy_hard_kernel(z, np.ascontiguousarray(targets.reshape(-1), dtype=np.int64), w, wsum)
+        y = np.ascontiguousarray(targets.reshape(-1), dtype=np.int64)
+        rows, dz = run_kernel(cross_entropy_hard_kernel, z.size * 4e-3, z, y, w, wsum)
     else:
         p = np.ascontiguousarray(targets.reshape(-1, K), dtype=logits.dtype)
-        rows, dz = cross_entropy_kernel(z, p, w, wsum)
+        rows, dz = run_kernel(cross_entropy_kernel, z.size * 4e-3, z, p, w, wsum)
     return float(rows.sum()), dz.reshape(B, T, K)
 
 
@@ -726,7 +767,7 @@ def forward(params, tokens, cfg, head_mask=None):
         q = split_heads(linear_forward(h, params[pre + "attn.wq"], params[pre + "attn.bq"])[0], NH)  # (B, NH, T, hs)
         k = split_heads(linear_forward(h, params[pre + "attn.wk"], params[pre + "attn.bk"])[0], NH)
         v = split_heads(linear_forward(h, params[pre + "attn.wv"], params[pre + "attn.bv"])[0], NH)
-        o, alpha = attention_forward_kernel(q, k, v)                               # (B, NH, T, hs), (B, NH, T, T)
+        o, alpha = attention_forward(q, k, v)                                      # (B, NH, T, hs), (B, NH, T, T)
         if head_mask is not None:
             o = o * np.asarray(head_mask[l], dtype=o.dtype)[None, :, None, None]
         y = merge_heads(o)                                                         # (B, T, C)
@@ -767,7 +808,7 @@ def backward(dlogits, cache, params, cfg):
         u = split_heads(dy, NH)                                        # (B, NH, T, hs)  u = dL/d head output
         if cache["head_mask"] is not None:
             u = u * np.asarray(cache["head_mask"][l], dtype=u.dtype)[None, :, None, None]
-        dq, dk, dv = attention_backward_kernel(u, lc["alpha"], lc["q"], lc["k"], lc["v"])
+        dq, dk, dv = attention_backward(u, lc["alpha"], lc["q"], lc["k"], lc["v"])
         dh = np.zeros_like(lc["h1"])
         for name, d in (("q", dq), ("k", dk), ("v", dv)):
             d = merge_heads(d)                                         # (B, T, C)

@@ -252,6 +252,49 @@ def _check_split_matmuls(dtype):
         _close(tn, a.T @ c, dtype)
 
 
+
+def test_run_kernel_picks_threads_by_estimated_time():
+    """A kernel estimated under PARALLEL_MIN_US on one thread runs on one thread; a longer one on all;
+    the caller's thread count comes back afterwards, also when the kernel raises."""
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("needs two Numba threads to tell one from all")
+    old_threads = numba.get_num_threads()
+    numba.set_num_threads(2)
+    try:
+        assert ba.run_kernel(numba.get_num_threads, ba.PARALLEL_MIN_US / 2) == 1
+        assert numba.get_num_threads() == 2
+        assert ba.run_kernel(numba.get_num_threads, ba.PARALLEL_MIN_US) == 2
+
+        def fails():
+            raise ZeroDivisionError("from inside the kernel")
+        with pytest.raises(ZeroDivisionError):
+            ba.run_kernel(fails, 0.0)
+        assert numba.get_num_threads() == 2
+    finally:
+        numba.set_num_threads(old_threads)
+
+
+def test_small_kernels_on_one_thread_match_all_threads():
+    """Below the threshold the wrappers run their kernel on one thread: the results are the kernel's
+    on all threads, bit for bit (LayerNorm's dg, db sum fixed row blocks, not per-thread ones)."""
+    rng = np.random.default_rng(12)
+    x, dy, h = (rng.normal(size=s).astype(np.float32) for s in ((300, 24), (300, 24), (300, 64)))
+    g, b = rng.normal(size=24).astype(np.float32), rng.normal(size=24).astype(np.float32)
+    y, cache = ba.layernorm_forward(x.reshape(3, 100, 24), g, b)
+    y_all, mean, rstd = ba.layernorm_forward_kernel(x, g, b, ba.LN_EPS)
+    assert np.array_equal(y.reshape(300, 24), y_all)
+    for a, e in zip(ba.layernorm_backward(dy.reshape(3, 100, 24), cache),
+                    ba.layernorm_backward_kernel(dy, x, mean, rstd, g)):
+        assert np.array_equal(a.reshape(e.shape), e)
+    assert np.array_equal(ba.gelu_forward(h)[0], ba.gelu_forward_kernel(h))
+    assert np.array_equal(ba.softmax(h), ba.softmax_kernel(h))
+    q, k, v, u = (rng.normal(size=(2, 2, 9, 4)).astype(np.float32) for _ in range(4))
+    o, alpha = ba.attention_forward(q, k, v)
+    for a, e in zip((o, alpha), ba.attention_forward_kernel(q, k, v)):
+        assert np.array_equal(a, e)
+    for a, e in zip(ba.attention_backward(u, alpha, q, k, v), ba.attention_backward_kernel(u, alpha, q, k, v)):
+        assert np.array_equal(a, e)
+
 # ----------------------------------------------------------------------------
 # numerical extremes
 
