@@ -110,8 +110,13 @@ def _fast_exp_compiled(x):
 # takes on one thread. So a kernel that would take less than PARALLEL_MIN_US on one thread runs on
 # the calling thread alone. Each call site estimates that time as items x the kernel's one-thread
 # cost per item (`python bench.py` prints every kernel's time on one thread and as called here).
+# With OMP_WAIT_POLICY=active the workers spin instead of sleeping, and a parallel loop starts in
+# about 5 us, so only the tiniest kernels stay on one thread.
+# For the same reason a kernel has one parallel loop and no more: inside a parallel kernel,
+# np.zeros and whole-array sums are parallel loops of their own, each waking the worker again. So
+# the kernels allocate their outputs empty, and the iteration that owns a row zeroes it.
 
-PARALLEL_MIN_US = 200.0
+PARALLEL_MIN_US = 10.0 if os.environ.get("OMP_WAIT_POLICY", "").lower() == "active" else 200.0
 
 
 def run_kernel(kernel, one_thread_us, *args):
@@ -366,9 +371,12 @@ def layernorm_backward_kernel(dy, x, mean, rstd, g):
     f = x.dtype.type
     nt = min(N, 16)
     dx = np.empty_like(x)
-    dg = np.zeros((nt, C), dtype=x.dtype)
-    db = np.zeros((nt, C), dtype=x.dtype)
+    dg = np.empty((nt, C), dtype=x.dtype)
+    db = np.empty((nt, C), dtype=x.dtype)
     for t in prange(nt):
+        for c in range(C):
+            dg[t, c] = f(0)
+            db[t, c] = f(0)
         for n in range(N * t // nt, N * (t + 1) // nt):
             m, r = mean[n], rstd[n]
             s1 = f(0)  # sum_c dxhat
@@ -385,7 +393,14 @@ def layernorm_backward_kernel(dy, x, mean, rstd, g):
             for c in range(C):
                 xhat = (x[n, c] - m) * r
                 dx[n, c] = r * (dy[n, c] * g[c] - s1 - xhat * s2)
-    return dx, dg.sum(axis=0), db.sum(axis=0)
+    dg_sum = np.empty(C, dtype=x.dtype)
+    db_sum = np.empty(C, dtype=x.dtype)
+    for c in range(C):                                      # the partials add up, in block order
+        dg_sum[c], db_sum[c] = dg[0, c], db[0, c]
+        for t in range(1, nt):
+            dg_sum[c] += dg[t, c]
+            db_sum[c] += db[t, c]
+    return dx, dg_sum, db_sum
 
 
 def layernorm_forward(x, g, b):
@@ -545,7 +560,7 @@ def attention_forward_kernel(q, k, v):
     B, NH, T, hs = q.shape
     f = q.dtype.type
     o = np.empty_like(q)
-    alpha = np.zeros((B, NH, T, T), dtype=q.dtype)
+    alpha = np.empty((B, NH, T, T), dtype=q.dtype)
     scale = f(1.0 / math.sqrt(hs))
     for bh in prange(B * NH):
         bb, h = bh // NH, bh % NH
@@ -563,6 +578,8 @@ def attention_forward_kernel(q, k, v):
             rz = f(1) / z
             for j in range(i + 1):
                 alpha[bb, h, i, j] *= rz                    # alpha_ij
+            for j in range(i + 1, T):
+                alpha[bb, h, i, j] = f(0)                   # no attention to the future
         o[bb, h] = alpha[bb, h] @ v[bb, h]                  # o_i = sum_j alpha_ij v_j
     return o, alpha
 
@@ -572,12 +589,17 @@ def attention_backward_kernel(u, alpha, q, k, v):
     """Numba twin of attention_backward_ref. Each (batch, head) owns its dq, dk, dv."""
     B, NH, T, hs = q.shape
     f = q.dtype.type
-    dq = np.zeros_like(q)
-    dk = np.zeros_like(k)
-    dv = np.zeros_like(v)
+    dq = np.empty_like(q)
+    dk = np.empty_like(k)
+    dv = np.empty_like(v)
     scale = f(1.0 / math.sqrt(hs))
     for bh in prange(B * NH):
         bb, h = bh // NH, bh % NH
+        for t in range(T):
+            for c in range(hs):
+                dq[bb, h, t, c] = f(0)
+                dk[bb, h, t, c] = f(0)
+                dv[bb, h, t, c] = f(0)
         b = np.empty(T, dtype=q.dtype)
         for i in range(T):
             # b_ij = u_i . v_j and b_bar_i = sum_j alpha_ij b_ij
@@ -643,10 +665,13 @@ def cross_entropy_kernel(logits, targets, weights, wsum):
     """Soft-target Numba twin of cross_entropy_ref; returns per-row loss (N,) and dlogits."""
     N, K = logits.shape
     f = logits.dtype.type
-    rows = np.zeros(N)
-    dlogits = np.zeros_like(logits)
+    rows = np.empty(N)
+    dlogits = np.empty_like(logits)
     for n in prange(N):
-        if weights[n] == 0.0:
+        if weights[n] == 0.0:                               # an unsupervised position: no loss, no gradient
+            rows[n] = 0.0
+            for k in range(K):
+                dlogits[n, k] = f(0)
             continue
         mx = logits[n, 0]
         for k in range(1, K):
@@ -675,10 +700,13 @@ def cross_entropy_hard_kernel(logits, targets, weights, wsum):
     """Hard-target (class index) version: p is one-hot, so loss_n = logsumexp(z_n) - z_n[y_n]."""
     N, K = logits.shape
     f = logits.dtype.type
-    rows = np.zeros(N)
-    dlogits = np.zeros_like(logits)
+    rows = np.empty(N)
+    dlogits = np.empty_like(logits)
     for n in prange(N):
-        if weights[n] == 0.0:
+        if weights[n] == 0.0:                               # an unsupervised position: no loss, no gradient
+            rows[n] = 0.0
+            for k in range(K):
+                dlogits[n, k] = f(0)
             continue
         mx = logits[n, 0]
         for k in range(1, K):

@@ -295,6 +295,30 @@ def test_small_kernels_on_one_thread_match_all_threads():
     for a, e in zip(ba.attention_backward(u, alpha, q, k, v), ba.attention_backward_kernel(u, alpha, q, k, v)):
         assert np.array_equal(a, e)
 
+
+@pytest.mark.skipif(numba.config.DISABLE_JIT, reason="counts the compiler's parallel loops")
+def test_each_parallel_kernel_has_one_parallel_loop():
+    """Each parallel loop wakes the worker thread again (about 0.1 ms under OMP_WAIT_POLICY=passive).
+    Inside a parallel kernel np.zeros or a whole-array sum is a parallel loop of its own, so a kernel
+    that used one would pay twice. Compiled afresh (not from the cache) to read the compiler's count."""
+    rng = np.random.default_rng(13)
+    x, dy = rng.normal(size=(40, 8)).astype(np.float32), rng.normal(size=(40, 8)).astype(np.float32)
+    g, b = x[0].copy(), x[1].copy()
+    _, mean, rstd = ba.layernorm_forward_ref(x, g, b)
+    q = rng.normal(size=(2, 2, 5, 4)).astype(np.float32)
+    _, alpha = ba.attention_forward_ref(q, q, q)
+    w, hard, soft = np.ones(40), np.zeros(40, dtype=np.int64), np.full((40, 8), 1 / 8, dtype=np.float32)
+    cases = [(ba.layernorm_forward_kernel, (x, g, b, ba.LN_EPS)),
+             (ba.layernorm_backward_kernel, (dy, x, mean, rstd, g)),
+             (ba.gelu_forward_kernel, (x,)), (ba.gelu_backward_kernel, (dy, x)), (ba.softmax_kernel, (x,)),
+             (ba.attention_forward_kernel, (q, q, q)), (ba.attention_backward_kernel, (q, alpha, q, q, q)),
+             (ba.cross_entropy_hard_kernel, (x, hard, w, 40.0)), (ba.cross_entropy_kernel, (x, soft, w, 40.0))]
+    for kernel, args in cases:
+        fresh = numba.njit(parallel=True, fastmath=ba.FASTMATH)(kernel.py_func)
+        fresh(*args)
+        loops = fresh.get_metadata(fresh.signatures[0])["parfor_diagnostics"].get_parfors()
+        assert len(loops) == 1, f"{kernel.__name__}: {len(loops)} parallel loops"
+
 # ----------------------------------------------------------------------------
 # numerical extremes
 
