@@ -105,13 +105,13 @@ def _fast_exp_compiled(x):
 # ----------------------------------------------------------------------------
 # how many threads a kernel gets
 #
-# Waking Numba's sleeping worker thread costs about 0.1 ms on this 2-core machine (its OpenMP
-# threads wait passively, see the top of the module): as long as LayerNorm over 200,000 numbers
-# takes on one thread. So a kernel that would take less than PARALLEL_MIN_US on one thread runs on
+# Waking Numba's sleeping worker thread costs about 0.08 ms on this 2-core machine (its OpenMP
+# threads wait passively, see the top of the module; `python bench.py` prints the cost): as long
+# as LayerNorm over 160,000 numbers takes on one thread. So a kernel that would take less than PARALLEL_MIN_US on one thread runs on
 # the calling thread alone. Each call site estimates that time as items x the kernel's one-thread
 # cost per item (`python bench.py` prints every kernel's time on one thread and as called here).
 # With OMP_WAIT_POLICY=active the workers spin instead of sleeping, and a parallel loop starts in
-# about 5 us, so only the tiniest kernels stay on one thread.
+# about 2 us, so only the tiniest kernels stay on one thread.
 # For the same reason a kernel has one parallel loop and no more: inside a parallel kernel,
 # np.zeros and whole-array sums are parallel loops of their own, each waking the worker again. So
 # the kernels allocate their outputs empty, and the iteration that owns a row zeroes it.

@@ -246,6 +246,22 @@ def kernel_cases(cfg, batch):
     }
 
 
+@numba.njit(parallel=True, cache=True)
+def _touch_rows(x):
+    """A parallel loop with next to no work: its time is the cost of starting one."""
+    for i in numba.prange(x.shape[0]):
+        x[i] += 1.0
+
+
+def parallel_start_us(repeats):
+    """Median microseconds of one almost empty parallel loop, on all Numba threads and on one
+    (the one-thread call includes the two set_num_threads calls, as bayesattn.run_kernel makes)."""
+    x = np.zeros(64)
+    call = lambda: _touch_rows(x)
+    t_all, t_one = interleaved([call, one_thread(call)], repeats, warmup=3)
+    return 1e6 * np.median(t_all), 1e6 * np.median(t_one)
+
+
 def bench_kernels(cfg, batch, repeats):
     """Prints one line per kernel; -> the smallest speed-up (reference time / time as called)."""
     worst = math.inf
@@ -382,6 +398,11 @@ def main(argv=None):
     print(f"sgemm {n}x{n} float32: {ceiling[1]:.1f} GFLOP/s at 1 BLAS thread, {ceiling[2]:.1f} GFLOP/s at 2; "
           f"each of the step's BLAS calls uses {os.environ['OPENBLAS_NUM_THREADS']} (OPENBLAS_NUM_THREADS), "
           f"large products split in row blocks over the Numba threads  ({load()})")
+
+    start_all, start_one = parallel_start_us(10 * args.repeats)
+    print(f"an almost empty parallel loop: {start_all:.1f} us on {numba.get_num_threads()} Numba threads, "
+          f"{start_one:.1f} us held to one (OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}; "
+          f"bayesattn.PARALLEL_MIN_US = {ba.PARALLEL_MIN_US:g})")
 
     ratios = {}
     for name in args.shapes:
