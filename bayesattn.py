@@ -105,24 +105,28 @@ def _fast_exp_compiled(x):
 # ----------------------------------------------------------------------------
 # how many threads a kernel gets
 #
-# Waking Numba's sleeping worker thread costs about 0.08 ms on this 2-core machine (its OpenMP
-# threads wait passively, see the top of the module; `python bench.py` prints the cost): as long
-# as LayerNorm over 160,000 numbers takes on one thread. So a kernel that would take less than PARALLEL_MIN_US on one thread runs on
-# the calling thread alone. Each call site estimates that time as items x the kernel's one-thread
-# cost per item (`python bench.py` prints every kernel's time on one thread and as called here).
-# With OMP_WAIT_POLICY=active the workers spin instead of sleeping, and a parallel loop starts in
-# about 2 us, so only the tiniest kernels stay on one thread.
+# Starting a parallel loop wakes Numba's sleeping worker thread (its OpenMP threads wait
+# passively, see the top of the module): about 76 us on this 2-core machine, against 12 us for
+# running the loop held to one thread (`python bench.py` prints both). A kernel that takes t us
+# on one thread and runs s times faster on two is quicker on one thread when
+#     t + 12 < t / s + 76,   i.e.   t < 64 / (1 - 1/s),
+# and the bench's kernels run about 1.5x faster on two threads, so the line is near 200 us:
+# a kernel estimated under PARALLEL_MIN_US on one thread runs on the calling thread alone. Each
+# call site estimates that time as items x ns_per_item, the kernel's one-thread time per item in
+# the bench. With OMP_WAIT_POLICY=active the workers spin instead of sleeping, a parallel loop
+# starts in about 2 us (less than switching to one thread), and every kernel takes all threads.
 # For the same reason a kernel has one parallel loop and no more: inside a parallel kernel,
-# np.zeros and whole-array sums are parallel loops of their own, each waking the worker again. So
-# the kernels allocate their outputs empty, and the iteration that owns a row zeroes it.
+# np.zeros is a parallel loop of its own, waking the worker again. So the kernels allocate their
+# outputs empty, and the iteration that owns a row zeroes it.
 
-PARALLEL_MIN_US = 10.0 if os.environ.get("OMP_WAIT_POLICY", "").lower() == "active" else 200.0
+PARALLEL_MIN_US = 0.0 if os.environ.get("OMP_WAIT_POLICY", "").lower() == "active" else 200.0
 
 
-def run_kernel(kernel, one_thread_us, *args):
-    """kernel(*args), on one thread if its estimated one-thread time is under PARALLEL_MIN_US."""
+def run_kernel(kernel, items, ns_per_item, *args):
+    """kernel(*args), on one thread if its estimated one-thread time, items * ns_per_item
+    nanoseconds, is under PARALLEL_MIN_US."""
     threads = numba.get_num_threads()
-    if one_thread_us >= PARALLEL_MIN_US or threads == 1:
+    if items * ns_per_item >= PARALLEL_MIN_US * 1e3 or threads == 1:
         return kernel(*args)
     numba.set_num_threads(1)
     try:
@@ -395,11 +399,12 @@ def layernorm_backward_kernel(dy, x, mean, rstd, g):
                 dx[n, c] = r * (dy[n, c] * g[c] - s1 - xhat * s2)
     dg_sum = np.empty(C, dtype=x.dtype)
     db_sum = np.empty(C, dtype=x.dtype)
-    for c in range(C):                                      # the partials add up, in block order
-        dg_sum[c], db_sum[c] = dg[0, c], db[0, c]
-        for t in range(1, nt):
-            dg_sum[c] += dg[t, c]
-            db_sum[c] += db[t, c]
+    for c in range(C):                                      # dg = sum over blocks of their partials
+        sg, sb = f(0), f(0)                                 # (the same blocks for any thread count)
+        for t in range(nt):
+            sg += dg[t, c]
+            sb += db[t, c]
+        dg_sum[c], db_sum[c] = sg, sb
     return dx, dg_sum, db_sum
 
 
@@ -407,7 +412,7 @@ def layernorm_forward(x, g, b):
     """x (..., C) -> y (..., C), cache."""
     shape = x.shape
     x2 = np.ascontiguousarray(x.reshape(-1, shape[-1]))
-    y, mean, rstd = run_kernel(layernorm_forward_kernel, x2.size * 0.5e-3, x2, g, b, LN_EPS)  # 0.5 ns a number
+    y, mean, rstd = run_kernel(layernorm_forward_kernel, x2.size, 0.5, x2, g, b, LN_EPS)
     return y.reshape(shape), (x2, mean, rstd, g, shape)
 
 
@@ -415,7 +420,7 @@ def layernorm_backward(dy, cache):
     """-> dx (..., C), dg (C,), db (C,)."""
     x2, mean, rstd, g, shape = cache
     dy2 = np.ascontiguousarray(dy.reshape(-1, shape[-1]))
-    dx, dg, db = run_kernel(layernorm_backward_kernel, x2.size * 0.7e-3, dy2, x2, mean, rstd, g)
+    dx, dg, db = run_kernel(layernorm_backward_kernel, x2.size, 0.5, dy2, x2, mean, rstd, g)
     return dx.reshape(shape), dg, db
 
 
@@ -473,12 +478,12 @@ def gelu_backward_kernel(dy, x):
 def gelu_forward(x):
     shape = x.shape
     x2 = np.ascontiguousarray(x.reshape(-1, shape[-1]))
-    return run_kernel(gelu_forward_kernel, x2.size * 1.3e-3, x2).reshape(shape), x2
+    return run_kernel(gelu_forward_kernel, x2.size, 1.5, x2).reshape(shape), x2
 
 
 def gelu_backward(dy, x2):
     dy2 = np.ascontiguousarray(dy.reshape(x2.shape))
-    return run_kernel(gelu_backward_kernel, x2.size * 1.7e-3, dy2, x2).reshape(dy.shape)
+    return run_kernel(gelu_backward_kernel, x2.size, 1.6, dy2, x2).reshape(dy.shape)
 
 
 # ----------------------------------------------------------------------------
@@ -513,7 +518,7 @@ def softmax_kernel(s):
 def softmax(s):
     """Rows of s (N, K) -> probabilities, by softmax_kernel."""
     s = np.ascontiguousarray(s)
-    return run_kernel(softmax_kernel, s.size * 1.8e-3, s)
+    return run_kernel(softmax_kernel, s.size, 1.6, s)
 
 
 # ----------------------------------------------------------------------------
@@ -621,13 +626,13 @@ def attention_backward_kernel(u, alpha, q, k, v):
 
 
 def attention_forward(q, k, v):
-    """-> o, alpha by attention_forward_kernel; its one-thread cost is about 0.7 ns per (i, j <= i, channel)."""
-    return run_kernel(attention_forward_kernel, q.size * q.shape[2] / 2 * 0.7e-3, q, k, v)
+    """-> o, alpha by attention_forward_kernel; one thread takes about 0.5 ns per (i, j <= i, channel)."""
+    return run_kernel(attention_forward_kernel, q.size * (q.shape[2] + 1) / 2, 0.5, q, k, v)
 
 
 def attention_backward(u, alpha, q, k, v):
-    """-> dq, dk, dv by attention_backward_kernel; about 0.7 ns per (i, j <= i, channel) on one thread."""
-    return run_kernel(attention_backward_kernel, q.size * q.shape[2] / 2 * 0.7e-3, u, alpha, q, k, v)
+    """-> dq, dk, dv by attention_backward_kernel; about 0.5 ns per (i, j <= i, channel) on one thread."""
+    return run_kernel(attention_backward_kernel, q.size * (q.shape[2] + 1) / 2, 0.5, u, alpha, q, k, v)
 
 
 def split_heads(x, NH):
@@ -736,10 +741,10 @@ def cross_entropy(logits, targets, mask):
         if targets.size and (targets.min() < 0 or targets.max() >= K):  # the kernel does not bounds-check
             raise ValueError(f"class targets must lie in 0..{K - 1}, got {targets.min()}..{targets.max()}")
         y = np.ascontiguousarray(targets.reshape(-1), dtype=np.int64)
-        rows, dz = run_kernel(cross_entropy_hard_kernel, z.size * 4e-3, z, y, w, wsum)
+        rows, dz = run_kernel(cross_entropy_hard_kernel, z.size, 3.0, z, y, w, wsum)
     else:
         p = np.ascontiguousarray(targets.reshape(-1, K), dtype=logits.dtype)
-        rows, dz = run_kernel(cross_entropy_kernel, z.size * 4e-3, z, p, w, wsum)
+        rows, dz = run_kernel(cross_entropy_kernel, z.size, 3.0, z, p, w, wsum)
     return float(rows.sum()), dz.reshape(B, T, K)
 
 

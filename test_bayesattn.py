@@ -261,22 +261,37 @@ def test_run_kernel_picks_threads_by_estimated_time():
     old_threads = numba.get_num_threads()
     numba.set_num_threads(2)
     try:
-        assert ba.run_kernel(numba.get_num_threads, ba.PARALLEL_MIN_US / 2) == 1
+        limit_ns = ba.PARALLEL_MIN_US * 1e3
+        assert ba.run_kernel(numba.get_num_threads, 1000, limit_ns / 2000) == (1 if limit_ns > 0 else 2)
         assert numba.get_num_threads() == 2
-        assert ba.run_kernel(numba.get_num_threads, ba.PARALLEL_MIN_US) == 2
+        assert ba.run_kernel(numba.get_num_threads, 1000, limit_ns / 1000) == 2
 
         def fails():
             raise ZeroDivisionError("from inside the kernel")
         with pytest.raises(ZeroDivisionError):
-            ba.run_kernel(fails, 0.0)
+            ba.run_kernel(fails, 0, 0.0)
         assert numba.get_num_threads() == 2
     finally:
         numba.set_num_threads(old_threads)
 
 
-def test_small_kernels_on_one_thread_match_all_threads():
-    """Below the threshold the wrappers run their kernel on one thread: the results are the kernel's
-    on all threads, bit for bit (LayerNorm's dg, db sum fixed row blocks, not per-thread ones)."""
+@pytest.mark.skipif(numba.config.DISABLE_JIT, reason="needs the compiled kernels' threads")
+def test_kernels_on_one_thread_match_all_threads(monkeypatch):
+    """run_kernel's choice changes no result: every wrapper, held to one thread (the threshold set to
+    infinity), returns its bare kernel's numbers on two threads bit for bit. (LayerNorm's dg, db
+    add fixed row blocks, not per-thread partials; every other kernel's rows are independent.)"""
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("needs two Numba threads to tell one from all")
+    monkeypatch.setattr(ba, "PARALLEL_MIN_US", math.inf)
+    old_threads = numba.get_num_threads()
+    numba.set_num_threads(2)
+    try:
+        _check_one_thread_matches_all()
+    finally:
+        numba.set_num_threads(old_threads)
+
+
+def _check_one_thread_matches_all():
     rng = np.random.default_rng(12)
     x, dy, h = (rng.normal(size=s).astype(np.float32) for s in ((300, 24), (300, 24), (300, 64)))
     g, b = rng.normal(size=24).astype(np.float32), rng.normal(size=24).astype(np.float32)
@@ -287,6 +302,7 @@ def test_small_kernels_on_one_thread_match_all_threads():
                     ba.layernorm_backward_kernel(dy, x, mean, rstd, g)):
         assert np.array_equal(a.reshape(e.shape), e)
     assert np.array_equal(ba.gelu_forward(h)[0], ba.gelu_forward_kernel(h))
+    assert np.array_equal(ba.gelu_backward(dy, x), ba.gelu_backward_kernel(dy, x))
     assert np.array_equal(ba.softmax(h), ba.softmax_kernel(h))
     q, k, v, u = (rng.normal(size=(2, 2, 9, 4)).astype(np.float32) for _ in range(4))
     o, alpha = ba.attention_forward(q, k, v)
@@ -294,6 +310,20 @@ def test_small_kernels_on_one_thread_match_all_threads():
         assert np.array_equal(a, e)
     for a, e in zip(ba.attention_backward(u, alpha, q, k, v), ba.attention_backward_kernel(u, alpha, q, k, v)):
         assert np.array_equal(a, e)
+    logits, targets = x[:, :5].reshape(3, 100, 5).copy(), rng.integers(0, 5, (3, 100))
+    mask = (rng.random((3, 100)) < 0.7).astype(np.float64)
+    loss, dz = ba.cross_entropy(logits, targets, mask)
+    rows, dz_all = ba.cross_entropy_hard_kernel(logits.reshape(300, 5), targets.reshape(-1), mask.reshape(-1),
+                                                mask.sum())
+    assert loss == rows.sum() and np.array_equal(dz.reshape(300, 5), dz_all)
+
+
+def test_layernorm_backward_of_no_rows():
+    """An empty batch: dx has no rows, and dg, db are sums over no rows, zero."""
+    x = np.zeros((0, 6), dtype=np.float32)
+    g = np.ones(6, dtype=np.float32)
+    dx, dg, db = ba.layernorm_backward_kernel(x, x, np.zeros(0, np.float32), np.zeros(0, np.float32), g)
+    assert dx.shape == (0, 6) and np.array_equal(dg, np.zeros(6)) and np.array_equal(db, np.zeros(6))
 
 
 @pytest.mark.skipif(numba.config.DISABLE_JIT, reason="counts the compiler's parallel loops")
