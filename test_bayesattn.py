@@ -8,6 +8,7 @@ against the tensor's own scale (a per-entry ratio would blow up on entries that 
 """
 
 import math
+from contextlib import contextmanager
 
 import numba
 import numpy as np
@@ -224,20 +225,28 @@ def test_kernels_use_exp32_for_float32():
         assert f(np.float64(v)) == math.exp(v), v
 
 
+@contextmanager
+def two_numba_threads():
+    """Numba (and the row-block split of the products) on two threads inside; skips the test where
+    there are fewer."""
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("needs two Numba threads")
+    old_threads = numba.get_num_threads()
+    numba.set_num_threads(2)
+    try:
+        yield
+    finally:
+        numba.set_num_threads(old_threads)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_split_matmuls_match_blas(dtype, monkeypatch):
     """matmul / matmul_tn cut the rows into blocks, one BLAS call per thread. With the size threshold
     at 0 every product is split: any row count, including fewer rows than threads, and a
     transposed right factor must give the plain product."""
     monkeypatch.setattr(ba, "SPLIT_FLOPS", 0)
-    if numba.config.NUMBA_NUM_THREADS < 2:
-        pytest.skip("needs two Numba threads to split")
-    old_threads = numba.get_num_threads()
-    numba.set_num_threads(2)
-    try:
+    with two_numba_threads():
         _check_split_matmuls(dtype)
-    finally:
-        numba.set_num_threads(old_threads)
 
 
 def _check_split_matmuls(dtype):
@@ -252,15 +261,10 @@ def _check_split_matmuls(dtype):
         _close(tn, a.T @ c, dtype)
 
 
-
 def test_run_kernel_picks_threads_by_estimated_time():
     """A kernel estimated under PARALLEL_MIN_US on one thread runs on one thread; a longer one on all;
     the caller's thread count comes back afterwards, also when the kernel raises."""
-    if numba.config.NUMBA_NUM_THREADS < 2:
-        pytest.skip("needs two Numba threads to tell one from all")
-    old_threads = numba.get_num_threads()
-    numba.set_num_threads(2)
-    try:
+    with two_numba_threads():
         limit_ns = ba.PARALLEL_MIN_US * 1e3
         assert ba.run_kernel(numba.get_num_threads, 1000, limit_ns / 2000) == (1 if limit_ns > 0 else 2)
         assert numba.get_num_threads() == 2
@@ -271,8 +275,6 @@ def test_run_kernel_picks_threads_by_estimated_time():
         with pytest.raises(ZeroDivisionError):
             ba.run_kernel(fails, 0, 0.0)
         assert numba.get_num_threads() == 2
-    finally:
-        numba.set_num_threads(old_threads)
 
 
 @pytest.mark.skipif(numba.config.DISABLE_JIT, reason="needs the compiled kernels' threads")
@@ -280,15 +282,9 @@ def test_kernels_on_one_thread_match_all_threads(monkeypatch):
     """run_kernel's choice changes no result: every wrapper, held to one thread (the threshold set to
     infinity), returns its bare kernel's numbers on two threads bit for bit. (LayerNorm's dg, db
     add fixed row blocks, not per-thread partials; every other kernel's rows are independent.)"""
-    if numba.config.NUMBA_NUM_THREADS < 2:
-        pytest.skip("needs two Numba threads to tell one from all")
     monkeypatch.setattr(ba, "PARALLEL_MIN_US", math.inf)
-    old_threads = numba.get_num_threads()
-    numba.set_num_threads(2)
-    try:
+    with two_numba_threads():
         _check_one_thread_matches_all()
-    finally:
-        numba.set_num_threads(old_threads)
 
 
 def _check_one_thread_matches_all():
