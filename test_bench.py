@@ -26,6 +26,8 @@ def test_quick_runs_and_ends_with_the_worst_ratio():
     assert LAST_LINE.fullmatch(lines[-1]), f"last line {lines[-1]!r}"
     assert any("sgemm" in line for line in lines) and any("peak RSS" in line for line in lines)
     assert sum("ours with 1 Numba thread" in line for line in lines) == 2      # one per quick shape
+    assert sum(re.search(r"matrix products alone: .* GFLOP/s = \d+% of 2-thread sgemm; at 50% a step takes", line)
+               is not None for line in lines) == 2
     assert sum(line.startswith("an almost empty parallel loop: ") for line in lines) == 1
     assert sum("(1 thread " in line for line in lines) == 2 * 9                # each kernel, each shape
     print(f"bench.py --quick took {seconds:.0f} s")    # informative only: CI's cores are shared
