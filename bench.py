@@ -438,13 +438,12 @@ def main(argv=None):
         print(f"\n{name}: vocab {cfg.vocab_size}, classes {cfg.n_classes}, T {T}, width {cfg.d_model}, "
               f"{cfg.n_layers} layers, {cfg.n_heads} heads, batch {B}, {ba.count_params(params)} parameters")
         ours = ours_step(cfg, params, batch)
-        products, product_flops, n_products = step_products(ours)
-        fs = [ours, one_thread(ours), products]
         if torch_version:
             theirs, loss_torch = torch_step(cfg, params, batch)
             loss_ours, _ = ba.loss_and_grads(params, batch["tokens"], batch["targets"], batch["mask"], cfg)
             print(f"  initial loss: ours {loss_ours:.6f}  torch {loss_torch:.6f}  (same model, same batch)")
-            fs.append(theirs)
+        products, product_flops, n_products = step_products(ours)    # takes a step: after the losses
+        fs = [ours, one_thread(ours), products] + ([theirs] if torch_version else [])
         times = interleaved(fs, args.repeats, warmup)
         times_1, times_products, times[1:] = times[1], times[2], times[3:]
         flops = step_flops(cfg, B, T)
