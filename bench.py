@@ -15,7 +15,9 @@ this shared machine falls on both; every number is a median over repeats, with t
 Also reported: our step with Numba held to one thread (the bijection paper preset trains that way);
 each Numba kernel against its NumPy reference at the training shapes; the step's
 GFLOP/s (matmul + attention flops counted analytically) beside a large float32 matmul (sgemm) on this
-machine; Numba compile time (fresh cache against cached); peak resident memory of a training loop.
+machine; the step's layer products (its matmul and matmul_tn calls, recorded and run again alone)
+and what half the sgemm rate would leave for the rest of the step; Numba compile time (fresh cache
+against cached); peak resident memory of a training loop.
 The last line is `worst ratio ours/torch: R` (R = nan without PyTorch).
 """
 
@@ -453,10 +455,12 @@ def main(argv=None):
               f"({flops / 1e9:.3f} GFLOP/step)  ({load()})")
         print(f"  step: ours with 1 Numba thread {median_ms(times_1):8.2f} ms ({spread(times_1)})")
         # how far the products alone get, and what the target of half the 2-thread sgemm rate leaves
-        # for everything else (attention, LayerNorm, GELU, AdamW, ...)
+        # for everything else (attention, LayerNorm, GELU, AdamW, ...). Replayed back to back they run
+        # warm, so whatever extra they cost inside a real step lands in "the rest".
         product_gflops = product_flops / np.median(times_products) / 1e9
         half_ms = 1e3 * flops / (0.5 * ceiling[2] * 1e9)
-        print(f"  the step's {n_products} matrix products alone: {median_ms(times_products):.2f} ms "
+        print(f"  the step's {n_products} layer products alone (matmul, matmul_tn; attention's own products "
+              f"count in the rest): {median_ms(times_products):.2f} ms "
               f"({spread(times_products)})  {product_gflops:.1f} GFLOP/s = {100 * product_gflops / ceiling[2]:.0f}% "
               f"of 2-thread sgemm; at 50% a step takes {half_ms:.1f} ms, which leaves "
               f"{half_ms - median_ms(times_products):.1f} ms for the rest (now "

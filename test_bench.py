@@ -10,6 +10,10 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LAST_LINE = re.compile(r"worst ratio ours/torch: (nan|\d+\.\d+)")
+PRODUCTS_LINE = re.compile(r"  the step's (\d+) layer products alone \(matmul, matmul_tn; attention's own products "
+                           r"count in the rest\): \d+\.\d\d ms \(IQR .*\)  \d+\.\d GFLOP/s = \d+% of 2-thread "
+                           r"sgemm; at 50% a step takes \d+\.\d ms, which leaves -?\d+\.\d ms for the rest "
+                           r"\(now -?\d+\.\d ms\)")
 
 
 def run_bench(*args, timeout=180):
@@ -26,8 +30,9 @@ def test_quick_runs_and_ends_with_the_worst_ratio():
     assert LAST_LINE.fullmatch(lines[-1]), f"last line {lines[-1]!r}"
     assert any("sgemm" in line for line in lines) and any("peak RSS" in line for line in lines)
     assert sum("ours with 1 Numba thread" in line for line in lines) == 2      # one per quick shape
-    assert sum(re.search(r"matrix products alone: .* GFLOP/s = \d+% of 2-thread sgemm; at 50% a step takes", line)
-               is not None for line in lines) == 2
+    products = [PRODUCTS_LINE.fullmatch(line) for line in lines if "layer products alone" in line]
+    assert len(products) == 2 and all(products), [line for line in lines if "products" in line]
+    assert [int(m.group(1)) for m in products] == [21, 21]         # 18 per layer + 3 for the unembedding
     assert sum(line.startswith("an almost empty parallel loop: ") for line in lines) == 1
     assert sum("(1 thread " in line for line in lines) == 2 * 9                # each kernel, each shape
     print(f"bench.py --quick took {seconds:.0f} s")    # informative only: CI's cores are shared
@@ -47,3 +52,28 @@ def test_torch_is_optional(monkeypatch):
     import bench
     monkeypatch.setitem(sys.modules, "torch", None)           # `import torch` now raises ImportError
     assert bench.torch_available() is None
+
+
+def test_step_products_records_the_layer_products_and_restores_matmul():
+    import numpy as np
+    import bayesattn as ba
+    import bench
+    cfg = ba.Config(vocab_size=7, n_classes=5, max_len=6, d_model=8, n_layers=2, n_heads=2, dtype="float32")
+    rng = np.random.default_rng(0)
+    batch = {"tokens": rng.integers(0, 7, (3, 6)), "targets": rng.integers(0, 5, (3, 6)), "mask": np.ones((3, 6))}
+    step = bench.ours_step(cfg, ba.init_params(cfg, 0), batch)
+    replay, flops, calls = bench.step_products(step)
+    assert ba.matmul.__name__ == "matmul" and ba.matmul_tn.__name__ == "matmul_tn"     # restored
+    assert calls == 18 * cfg.n_layers + 3
+    B, T, NH, hs = 3, 6, cfg.n_heads, cfg.d_model // cfg.n_heads
+    attention = 3 * cfg.n_layers * 2 * 2 * B * NH * T * (T + 1) // 2 * hs     # step_flops' attention term
+    assert flops == bench.step_flops(cfg, B, T) - attention
+    replay()
+
+    def failing_step():
+        ba.matmul(np.ones((2, 2)), np.ones((2, 2)))
+        raise RuntimeError("boom")
+    originals = ba.matmul, ba.matmul_tn
+    with pytest.raises(RuntimeError):
+        bench.step_products(failing_step)
+    assert (ba.matmul, ba.matmul_tn) == originals                 # restored after an exception too
