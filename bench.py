@@ -106,13 +106,18 @@ def setup(name):
     return cfg, ba.init_params(cfg, 0), batch
 
 
+def attention_flops(cfg, B, T):
+    """Analytic flops of attention's two (causal) products in one step, forward and backward."""
+    pairs = B * cfg.n_heads * T * (T + 1) // 2             # (i, j) with j <= i, per batch and head
+    return 3 * cfg.n_layers * 2 * pairs * (cfg.d_model // cfg.n_heads) * 2
+
+
 def step_flops(cfg, B, T):
     """Analytic flops of one step: the matmuls and attention's two (causal) products, forward and
     backward. Backward costs twice the forward (dx and dw; b, dv, dq, dk against s and o)."""
-    N, C, M, K, NH = B * T, cfg.d_model, cfg.d_mlp, cfg.n_classes, cfg.n_heads
-    pairs = B * NH * T * (T + 1) // 2                      # (i, j) with j <= i, per batch and head
-    layer = 2 * N * C * C * 4 + 2 * N * C * M * 2 + 2 * pairs * (C // NH) * 2
-    return 3 * (cfg.n_layers * layer + 2 * N * C * K)
+    N, C, M, K = B * T, cfg.d_model, cfg.d_mlp, cfg.n_classes
+    layer = 2 * N * C * C * 4 + 2 * N * C * M * 2
+    return 3 * (cfg.n_layers * layer + 2 * N * C * K) + attention_flops(cfg, B, T)
 
 
 def one_thread(step):
