@@ -28,7 +28,7 @@ The attention backward is written as the papers' E-step and M-step
 import math
 import os
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, asdict
+from dataclasses import dataclass, asdict, replace
 
 # Numba's worker threads and OpenBLAS's worker threads both spin while waiting; on a
 # 2-core machine they fight and a training step runs about 3x slower. The matrix
@@ -50,6 +50,7 @@ GELU_C = math.sqrt(2.0 / math.pi)  # tanh-approximation constant of GELU
 # fastmath, which assumes no NaN or inf. Kernels take constants in their input's precision,
 # f = x.dtype.type: a Python float is float64 and would turn every float32 operation into float64.
 FASTMATH = {"reassoc", "contract"}
+INITS = ("gpt2", "fan-in")  # Config.init: how init_params draws the weights
 
 
 # ----------------------------------------------------------------------------
@@ -150,6 +151,7 @@ class Config:
     pos: str = "learned"       # "learned" or "sinusoidal"
     dtype: str = "float32"     # "float32" for training, "float64" for checks
     pos_limit: int = 0         # learned positions: t >= pos_limit reuses row pos_limit - 1 (0: no limit)
+    init: str = "gpt2"         # "gpt2": N(0, 0.02); "fan-in": N(0, 1/fan_in) matrices, N(0, 1) embeddings
 
     def __post_init__(self):
         for name in ("vocab_size", "n_classes", "max_len", "d_model", "n_layers", "n_heads"):
@@ -167,6 +169,8 @@ class Config:
             raise ValueError(f"pos={self.pos!r}: allowed are 'learned', 'sinusoidal'")
         if self.dtype not in ("float32", "float64"):
             raise ValueError(f"dtype={self.dtype!r}: allowed are 'float32', 'float64'")
+        if self.init not in INITS:
+            raise ValueError(f"init={self.init!r}: allowed are {', '.join(map(repr, INITS))}")
         if not isinstance(self.pos_limit, (int, np.integer)) or not 0 <= self.pos_limit <= self.max_len:
             raise ValueError(f"pos_limit={self.pos_limit!r}: allowed are 0 (no limit) to max_len={self.max_len}")
 
@@ -175,10 +179,17 @@ class Config:
 
 
 def init_params(cfg, seed=0):
-    """GPT-2-style initialisation: N(0, 0.02), residual projections scaled by 1/sqrt(2L)."""
+    """Weights at random, biases 0, LayerNorm gains 1. cfg.init "gpt2": N(0, 0.02), the residual projections
+    (wo, w2) scaled by 1/sqrt(2L). "fan-in": every matrix N(0, 1/fan_in), so each output starts at the
+    scale of its inputs, and learned embeddings N(0, 1): attention starts far from uniform, which the
+    sawtooth's lookup needs to leave its plateau (README, sawtooth)."""
     rng = np.random.default_rng(seed)
     C, M, L = cfg.d_model, cfg.d_mlp, cfg.n_layers
     std, std_res = 0.02, 0.02 / math.sqrt(2 * L)
+    if cfg.init == "fan-in":
+        p = init_params(replace(cfg, init="gpt2"), seed)             # the same shapes, then every draw redone
+        return {k: (rng.normal(0, 1.0 if k in ("wte", "wpe") else 1 / math.sqrt(v.shape[0]), v.shape)
+                    if v.ndim == 2 else v).astype(cfg.dtype) for k, v in p.items()}
     # With fixed sinusoidal positions (entries of RMS 1/sqrt 2) the token embeddings start at the
     # same scale; at 0.02 the position would drown the token identity after the first LayerNorm.
     p = {"wte": rng.normal(0, std if cfg.pos == "learned" else math.sqrt(0.5), (cfg.vocab_size, C))}
@@ -787,10 +798,18 @@ def forward(params, tokens, cfg, head_mask=None):
     if tokens.size and (tokens.min() < 0 or tokens.max() >= cfg.vocab_size):
         raise ValueError(f"token ids must lie in 0..{cfg.vocab_size - 1}, got {tokens.min()}..{tokens.max()}")
     B, T = tokens.shape
-    NH = cfg.n_heads
     x, _ = embedding_forward(params["wte"], position_table(params, cfg, T), tokens)  # (B, T, C)
-    x = x.astype(cfg.dtype)
-    cache = {"tokens": tokens, "T": T, "layers": [], "resid": [x], "head_mask": head_mask}
+    logits, cache = forward_embedded(params, x.astype(cfg.dtype), cfg, head_mask)
+    cache["tokens"] = tokens
+    return logits, cache
+
+
+def forward_embedded(params, x, cfg, head_mask=None):
+    """The blocks, the final LayerNorm and the unembedding on an embedded input x (B, T, C) -> logits, cache
+    (forward's cache without "tokens"). A model with another input layer (dynamics.py's projection of
+    continuous inputs) calls this directly."""
+    NH, T = cfg.n_heads, x.shape[1]
+    cache = {"T": T, "layers": [], "resid": [x], "head_mask": head_mask}
     for l in range(cfg.n_layers):
         pre = f"blocks.{l}."
         lc = {"x_in": x}
@@ -823,6 +842,17 @@ def forward(params, tokens, cfg, head_mask=None):
 
 def backward(dlogits, cache, params, cfg):
     """dlogits (B, T, K) -> grads, a dict with the same keys as params. Reverses forward line by line."""
+    g, dx = backward_embedded(dlogits, cache, params, cfg)
+    dwte, dwpe = embedding_backward(dx, cache["tokens"], cfg.vocab_size)
+    g["wte"] = dwte
+    if cfg.pos == "learned":
+        # clamped positions share a row, so their gradients add up
+        g["wpe"] = scatter_add_kernel(dwpe, position_rows(cfg, cache["T"]), params["wpe"].shape[0])
+    return g
+
+
+def backward_embedded(dlogits, cache, params, cfg):
+    """Reverses forward_embedded: -> grads of the blocks, lnf and unembedding, and dx (B, T, C) for the input."""
     g = {}
     NH = cfg.n_heads
     # forward: logits = xf @ W_u + b_u
@@ -850,12 +880,7 @@ def backward(dlogits, cache, params, cfg):
             dh += dhn
         dh, g[pre + "ln1.g"], g[pre + "ln1.b"] = layernorm_backward(dh, lc["ln1"])
         dx = dx + dh                                                   # x_in feeds both the residual and LN1
-    dwte, dwpe = embedding_backward(dx, cache["tokens"], cfg.vocab_size)
-    g["wte"] = dwte
-    if cfg.pos == "learned":
-        # clamped positions share a row, so their gradients add up
-        g["wpe"] = scatter_add_kernel(dwpe, position_rows(cfg, cache["T"]), params["wpe"].shape[0])
-    return g
+    return g, dx
 
 
 def loss_and_grads(params, tokens, targets, mask, cfg):
@@ -879,7 +904,7 @@ def predict_proba(params, tokens, cfg, batch=256):
 
 def default_decay(name):
     """Weight decay applies to matrices (projections, embeddings), not to biases or LayerNorm gains."""
-    return name.endswith((".wq", ".wk", ".wv", ".wo", ".w1", ".w2", ".w")) or name in ("wte", "wpe")
+    return name.endswith((".wq", ".wk", ".wv", ".wo", ".w1", ".w2", ".w", ".wte", ".wpe")) or name in ("wte", "wpe")
 
 
 def adamw_init(params):

@@ -60,14 +60,22 @@ def _rows(a):
 # ----------------------------------------------------------------------------
 # the task: x[t] = mu[y_t] + sigma * eps_t, target y_{t+1} (windtunnels' convention)
 
-def sticky_task():
-    """Transition matrix P (8, 8) (self-transition 0.3) and symbol means mu (8, 20), fixed for every seed."""
-    return wt.sticky_transition(), wt.sticky_means(np.random.default_rng(MU_SEED), N_CLASSES, D_X)
+CHAINS = ("exact", "authors")   # self-transition 0.3 exactly, or 0.3498 as the authors' script normalises it
 
 
-def sticky_data(seed, T=2000, n=1, sigma=1.0):
+def sticky_task(chain="exact"):
+    """Transition matrix P (8, 8) and symbol means mu (8, 20), fixed for every seed. chain "exact":
+    self-transition 0.3 (the paper's text); "authors": 0.3498, what the authors' script builds
+    (windtunnels.sticky_authors_self_prob), whose bound H(Y_t+1 | Y_t) is 2.639 bits, not 2.717."""
+    if chain not in CHAINS:
+        raise ValueError(f"chain={chain!r}: allowed are {', '.join(map(repr, CHAINS))}")
+    self_prob = 0.3 if chain == "exact" else wt.sticky_authors_self_prob(N_CLASSES, 0.3)
+    return wt.sticky_transition(N_CLASSES, self_prob), wt.sticky_means(np.random.default_rng(MU_SEED), N_CLASSES, D_X)
+
+
+def sticky_data(seed, T=2000, n=1, sigma=1.0, chain="exact"):
     """n chains: inputs x (n, T, d_x) float64 and targets y_{t+1} (n, T) int64."""
-    P, mu = sticky_task()
+    P, mu = sticky_task(chain)
     x, y = wt.sticky_sample(np.random.default_rng(seed), P, mu, T, n=n, sigma=sigma)
     return x, y[:, 1:]
 
@@ -460,18 +468,18 @@ def steps_to_threshold(loss, threshold):
 # ----------------------------------------------------------------------------
 # exact Bayes
 
-def exact_bayes_reference(sigma=1.0, n=8, T=2000, seed=EVAL_SEED):
+def exact_bayes_reference(sigma=1.0, n=8, T=2000, seed=EVAL_SEED, chain="exact"):
     """Held-out chains from a separate seed and their exact Bayes predictor p(y_{t+1} | x_0..x_t)
     (windtunnels.sticky_posterior_batch, the forward filter). -> x, targets, posterior (n, T, K), references (bits)."""
-    P, mu = sticky_task()
-    x, targets = sticky_data(seed, T=T, n=n, sigma=sigma)
+    P, mu = sticky_task(chain)
+    x, targets = sticky_data(seed, T=T, n=n, sigma=sigma, chain=chain)
     posterior = wt.sticky_posterior_batch(P, mu, x, sigma)      # (n, T, K)
     bayes_ce = float(-np.log2(np.take_along_axis(posterior, targets[..., None], axis=-1)).mean())
     bayes_entropy = float(wt.entropy_bits(posterior).mean())    # the same in expectation, far less sampling noise
     bound = wt.sticky_conditional_entropy_bits(P)                # H(Y_{t+1} | Y_t): sees y_t itself, a lower bound
     ref = dict(bayes_loss_bits=bayes_ce, bayes_entropy_bits=bayes_entropy, conditional_entropy_bound_bits=bound,
                bound_gap_bits=bayes_ce - bound, bound_gap_entropy_bits=bayes_entropy - bound,
-               eval_seed=seed, eval_chains=n, eval_T=T, sigma=sigma)
+               eval_seed=seed, eval_chains=n, eval_T=T, sigma=sigma, chain=chain)
     return x, targets, posterior, ref
 
 
@@ -486,25 +494,25 @@ def evaluate_vs_bayes(params, sigma=1.0, n=8, T=2000, seed=EVAL_SEED, reference=
                 kl_bits=float(wt.kl_bits(posterior, q).mean()), **ref)
 
 
-def bayes_loss_bits(x, targets, sigma=1.0):
+def bayes_loss_bits(x, targets, sigma=1.0, chain="exact"):
     """Cross-entropy (bits) of the exact Bayes predictor on given chains x (n, T, d_x)."""
-    P, mu = sticky_task()
+    P, mu = sticky_task(chain)
     post = wt.sticky_posterior_batch(P, mu, x, sigma)
     return float(-np.log2(np.take_along_axis(post, targets[..., None], axis=-1)).mean())
 
 
-def run_sticky(steps=1000, seed=0, lr=0.01, T=2000, sigma=1.0, fig_dir="figures", out_dir=None):
+def run_sticky(steps=1000, seed=0, lr=0.01, T=2000, sigma=1.0, fig_dir="figures", out_dir=None, chain="exact"):
     """Train the one-head model with plain SGD on one chain (full batch) and compare it, on held-out
     chains, with the exact Bayes predictor. fig_dir is accepted for a uniform entry point; no figure
     is drawn. With out_dir, writes sticky_metrics.json and sticky_head.npz there. -> metrics dict."""
-    x, targets = sticky_data(seed, T=T, sigma=sigma)
+    x, targets = sticky_data(seed, T=T, sigma=sigma, chain=chain)
     params = init_head(seed, dtype="float32")
     run = train_head(params, x, targets, steps, "sgd", lr)
     metrics = dict(task="sticky", model="one-head", steps=steps, seed=seed, lr=lr, T=T, sigma=sigma,
                    seconds=run["seconds"][-1],
                    train_loss_first_bits=run["loss"][0] / LN2, train_loss_final_bits=run["loss"][-1] / LN2,
-                   train_bayes_loss_bits=bayes_loss_bits(x, targets, sigma))
-    metrics.update(evaluate_vs_bayes(params, sigma, T=T))
+                   train_bayes_loss_bits=bayes_loss_bits(x, targets, sigma, chain))
+    metrics.update(evaluate_vs_bayes(params, reference=exact_bayes_reference(sigma, T=T, chain=chain)))
     metrics["train_loss_curve_bits"] = (np.asarray(run["loss"]) / LN2).tolist()
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)
@@ -583,6 +591,84 @@ def _transformer_timescales(steps, seed, n_layers, d_model, n_heads, batch, lr, 
 
 
 # ----------------------------------------------------------------------------
+# the authors' deep variant: a 4-layer transformer on the continuous inputs, one chain to train, another
+# to test, AdamW; no EM arm (the value/routing split of one head has no counterpart here)
+
+DEEP = dict(d_model=64, n_layers=4, n_heads=4, d_mlp=256)   # input projection 20 -> 64, 4 pre-LN blocks
+
+
+def deep_init(seed, T, dtype="float32", **sizes):
+    """-> cfg, params: bayesattn's blocks (no token or position embedding: the authors' deep model has no
+    positional encoding) behind a linear input projection in.w (d_x, C), in.b (C,). sizes override DEEP."""
+    cfg = ba.Config(vocab_size=1, n_classes=N_CLASSES, max_len=T, init="fan-in", dtype=dtype, **{**DEEP, **sizes})
+    params = ba.init_params(cfg, seed)
+    del params["wte"], params["wpe"]
+    rng = np.random.default_rng((seed, 1))
+    params["in.w"] = rng.normal(0, 1 / math.sqrt(D_X), (D_X, cfg.d_model)).astype(dtype)
+    params["in.b"] = np.zeros(cfg.d_model, dtype=dtype)
+    return cfg, params
+
+
+def deep_forward(params, x, cfg):
+    """x (B, T, d_x) -> logits (B, T, K), cache: h = x W_in + b_in, then the blocks."""
+    h, _ = ba.linear_forward(x.astype(cfg.dtype), params["in.w"], params["in.b"])   # (B, T, C)
+    logits, cache = ba.forward_embedded(params, h, cfg)
+    cache["x"] = x.astype(cfg.dtype)
+    return logits, cache
+
+
+def deep_loss_and_grads(params, x, targets, cfg):
+    """Mean cross-entropy (nats) of the targets (B, T) and the gradient of every parameter."""
+    logits, cache = deep_forward(params, x, cfg)
+    loss, dlogits = ba.cross_entropy(logits, targets, np.ones(targets.shape))
+    g, dh = ba.backward_embedded(dlogits, cache, params, cfg)
+    _, g["in.w"], g["in.b"] = ba.linear_backward(dh, cache["x"], params["in.w"])   # forward: h = x W_in + b_in
+    return loss, g
+
+
+def deep_variant(seeds=SEEDS, steps=1000, lr=3e-4, T=2000, chain="exact", threads=None):
+    """Train on one chain of each seed (full batch), test on a fresh chain (seed + 10000), as the authors.
+    AdamW (weight decay 0.01), cosine from lr to 0, clipping at 1; no dropout (the authors use 0.1).
+    -> dict with per-seed held-out cross-entropy, exact Bayes on the same chain, the bound, KL, in bits."""
+    prev = numba.get_num_threads()
+    numba.set_num_threads(threads or prev)
+    try:
+        P, mu = sticky_task(chain)
+        rows = []
+        for seed in seeds:
+            t0 = time.perf_counter()
+            x, y = sticky_data(seed, T=T, chain=chain)
+            x_test, y_test = sticky_data(seed + 10000, T=T, chain=chain)
+            cfg, params = deep_init(seed, T)
+            opt = ba.adamw_init(params)
+            losses = []
+            for step in range(steps):
+                loss, g = deep_loss_and_grads(params, x, y, cfg)
+                ba.clip_grad_norm(g, 1.0)
+                ba.adamw_step(params, g, opt, ba.lr_schedule(step, lr, 0, steps), weight_decay=0.01)
+                losses.append(loss / LN2)
+            q = ba.softmax_ref(deep_forward(params, x_test, cfg)[0].astype(np.float64))    # (1, T, K)
+            post = wt.sticky_posterior_batch(P, mu, x_test, 1.0)                          # (1, T, K)
+            ce = lambda p: float(-np.log2(np.maximum(np.take_along_axis(p, y_test[..., None], -1), wt.TINY)).mean())
+            rows.append(dict(seed=seed, train_loss_final_bits=losses[-1], test_loss_bits=ce(q),
+                             test_bayes_loss_bits=ce(post), test_kl_bits=float(wt.kl_bits(post, q).mean()),
+                             seconds=time.perf_counter() - t0, train_loss_bits=losses))
+            print(f"  deep seed {seed}: train {losses[0]:.4f} -> {losses[-1]:.4f} bits, held-out {ce(q):.4f} "
+                  f"(exact Bayes {ce(post):.4f}, KL {rows[-1]['test_kl_bits']:.4f}), {rows[-1]['seconds']:.0f} s",
+                  flush=True)
+    finally:
+        numba.set_num_threads(prev)
+    column = lambda key: np.array([r[key] for r in rows])
+    return {"config": dict(DEEP, d_x=D_X, classes=N_CLASSES, steps=steps, lr=lr, T=T, chain=chain, seeds=list(seeds),
+                           optimiser="AdamW, weight decay 0.01, cosine to 0, clip 1.0, no dropout",
+                           bound_bits=wt.sticky_conditional_entropy_bits(P)),
+            "per_seed": rows,
+            **{f"{key}_mean": float(column(key).mean()) for key in
+               ("train_loss_final_bits", "test_loss_bits", "test_bayes_loss_bits", "test_kl_bits")},
+            "test_loss_std_bits": float(column("test_loss_bits").std())}
+
+
+# ----------------------------------------------------------------------------
 # the comparison
 
 def _paired(a, b):
@@ -607,7 +693,7 @@ def compare_setting(name, seeds, make_data, steps, mstep_steps, reference, log_e
     train_bayes = []
     for seed in seeds:
         x, targets = make_data(seed)
-        train_bayes.append(bayes_loss_bits(x, targets))
+        train_bayes.append(bayes_loss_bits(x, targets, chain=reference[3]["chain"]))
         for method, n in arms.items():
             params = init_head(seed, dtype="float32")           # the same start for every arm
             run = train_head(params, x, targets, n, method, log_every=log_every, seed=seed)
@@ -663,7 +749,7 @@ def _clean(obj):
 
 
 def compare_em(seeds=SEEDS, steps=1000, fig_dir="figures", quick=False, mstep_steps=None,
-               transformer_steps=None):
+               transformer_steps=None, chain="exact"):
     """Paper II's EM-like schedule against SGD, and a true M-step, on the sticky chain: one T = 2000 chain
     per seed (the authors' setting) and 32 chains of T = 64 (a second setting); the two-timescale logs;
     exact-Bayes references; the bijection transformer's per-layer gradient norms. Writes em_vs_sgd.png,
@@ -681,34 +767,36 @@ def compare_em(seeds=SEEDS, steps=1000, fig_dir="figures", quick=False, mstep_st
         transformer_kw = dict(steps=transformer_steps or 500)
         eval_long, eval_short, long_horizon = dict(n=4, T=2000), dict(n=128, T=64), 1000
     mstep_steps = mstep_steps or min(steps, 300)
-    bound = wt.sticky_conditional_entropy_bits(sticky_task()[0])
+    bound = wt.sticky_conditional_entropy_bits(sticky_task(chain)[0])
     out = {"config": dict(seeds=seeds, steps=steps, mstep_steps=mstep_steps, lr=0.01, v_scale=V_SCALE, T=T,
                           short_batch=short, sigma=1.0, d_x=D_X, d_k=D_K, d_v=D_V, classes=N_CLASSES,
                           init_std=INIT_STD, mu_seed=MU_SEED, eval_seed=EVAL_SEED, eval_long=eval_long,
                           eval_short=eval_short, log_every=log_every, quick=quick,
                           precision="float32 training; float64 M-step solve and evaluation",
+                          chain=chain, self_transition=float(sticky_task(chain)[0][0, 0]),
                           conditional_entropy_bound_bits=bound)}
 
     print(f"long chain: T = {T}, full batch, seeds {seeds}", flush=True)
-    ref_long = exact_bayes_reference(1.0, **eval_long)
-    out["long_chain"], long_runs = compare_setting("long_chain", seeds, lambda s: sticky_data(s, T=T), steps,
-                                                   mstep_steps, ref_long, log_every)
+    ref_long = exact_bayes_reference(1.0, **eval_long, chain=chain)
+    out["long_chain"], long_runs = compare_setting("long_chain", seeds, lambda s: sticky_data(s, T=T, chain=chain),
+                                                   steps, mstep_steps, ref_long, log_every)
     print(f"short sequences: {short[0]} chains of T = {short[1]}, full batch", flush=True)
-    ref_short = exact_bayes_reference(1.0, **eval_short)
+    ref_short = exact_bayes_reference(1.0, **eval_short, chain=chain)
     out["short_sequences"], short_runs = compare_setting(
-        "short_sequences", seeds, lambda s: sticky_data(s, T=short[1], n=short[0]), steps, mstep_steps, ref_short)
+        "short_sequences", seeds, lambda s: sticky_data(s, T=short[1], n=short[0], chain=chain), steps, mstep_steps,
+        ref_short)
 
     # exact Bayes: the references at three noise levels, and plain SGD trained and judged at sigma = 3
-    out["exact_bayes_reference"] = {str(s): exact_bayes_reference(s, n=4 * eval_long["n"], T=eval_long["T"])[3]
-                                    for s in (1.0, 2.0, 3.0)}
+    out["exact_bayes_reference"] = {str(s): exact_bayes_reference(s, n=4 * eval_long["n"], T=eval_long["T"],
+                                                                  chain=chain)[3] for s in (1.0, 2.0, 3.0)}
     print("SGD at sigma = 3 against exact Bayes", flush=True)
-    out["sigma3_sgd"] = run_sticky(steps=steps, seed=seeds[0], T=T, sigma=3.0)
+    out["sigma3_sgd"] = run_sticky(steps=steps, seed=seeds[0], T=T, sigma=3.0, chain=chain)
 
     # two timescales: the arms' logs, a longer-horizon SGD run (lr 0.3) where attention does concentrate,
     # and the bijection transformer
     out["two_timescales_one_head"] = _timescale_summary(long_runs)
     print(f"long-horizon SGD, lr 0.3, {long_horizon} steps", flush=True)
-    x, targets = sticky_data(seeds[0], T=T)
+    x, targets = sticky_data(seeds[0], T=T, chain=chain)
     params = init_head(seeds[0], dtype="float32")
     lh = train_head(params, x, targets, long_horizon, "sgd", lr=0.3, log_every=log_every, seed=seeds[0])
     lh.update(seed=seeds[0], heldout=evaluate_vs_bayes(params, reference=ref_long))
@@ -721,17 +809,26 @@ def compare_em(seeds=SEEDS, steps=1000, fig_dir="figures", quick=False, mstep_st
     out["final_params_first_seed"] = {m: long_runs[m][0]["params"] for m in long_runs}
     out["seconds_total"] = time.perf_counter() - t_start
     os.makedirs(fig_dir, exist_ok=True)
-    plot_em_vs_sgd(out, os.path.join(fig_dir, "em_vs_sgd.png"))
-    plot_two_timescales(out, os.path.join(fig_dir, "two_timescales.png"))
+    tag = "" if chain == "exact" else "_authors-chain"             # the two chains' results side by side
+    plot_em_vs_sgd(out, os.path.join(fig_dir, f"em_vs_sgd{tag}.png"))
+    plot_two_timescales(out, os.path.join(fig_dir, f"two_timescales{tag}.png"))
     out = _clean(out)
     # every number in dynamics.json; the per-step curves (about 2 MB) go to runs/dynamics/curves.json
     heavy = ("curves", "final_params_first_seed")
-    with open(os.path.join(fig_dir, "dynamics.json"), "w") as f:
+    with open(os.path.join(fig_dir, f"dynamics{tag}.json"), "w") as f:
         json.dump({k: v for k, v in out.items() if k not in heavy}, f, indent=1)
     os.makedirs(os.path.join("runs", "dynamics"), exist_ok=True)
-    with open(os.path.join("runs", "dynamics", "curves.json"), "w") as f:
+    with open(os.path.join("runs", "dynamics", f"curves{tag}.json"), "w") as f:
         json.dump({k: out[k] for k in heavy}, f)
-    print(f"wrote {fig_dir}/em_vs_sgd.png, two_timescales.png, dynamics.json in {out['seconds_total']:.0f} s")
+    print(f"wrote {fig_dir}/em_vs_sgd{tag}.png, two_timescales{tag}.png, dynamics{tag}.json in "
+          f"{out['seconds_total']:.0f} s")
+    for setting in ("long_chain", "short_sequences"):
+        for m in ("em", "mstep"):
+            t = out[setting][m]
+            print(f"{setting} {m} vs sgd: steps {t['steps_to_threshold_mean']:.0f} +- {t['steps_to_threshold_std']:.0f} "
+                  f"(sgd {out[setting]['sgd']['steps_to_threshold_mean']:.0f}), x{t['speedup_steps']:.2f}; paired t "
+                  f"on final loss p = {t['paired_final_loss_vs_sgd']['ttest_rel'].get('p')}, on steps p = "
+                  f"{t['paired_steps_vs_sgd']['ttest_rel'].get('p')}")
     return out
 
 
@@ -1006,20 +1103,40 @@ def plot_two_timescales(out, path):
     plt.close(fig)
 
 
+def run_deep(chain="exact", steps=1000, fig_dir="figures", seeds=SEEDS):
+    """The deep variant over the seeds; writes deep_variant[_authors-chain].json to fig_dir. -> the dict."""
+    out = _clean(deep_variant(seeds=seeds, steps=steps, chain=chain))
+    tag = "" if chain == "exact" else "_authors-chain"
+    os.makedirs(fig_dir, exist_ok=True)
+    path = os.path.join(fig_dir, f"deep_variant{tag}.json")
+    with open(path, "w") as f:
+        json.dump({**out, "per_seed": [{k: v for k, v in r.items() if k != "train_loss_bits"} for r in out["per_seed"]]},
+                  f, indent=1)
+    print(f"deep variant ({chain} chain): held-out {out['test_loss_bits_mean']:.4f} +- {out['test_loss_std_bits']:.4f} "
+          f"bits, exact Bayes {out['test_bayes_loss_bits_mean']:.4f}, bound {out['config']['bound_bits']:.4f}, "
+          f"KL {out['test_kl_bits_mean']:.4f}; wrote {path}")
+    return out
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="Paper II dynamics on the sticky Markov chain.")
     parser.add_argument("--compare-em", action="store_true", help="the full comparison (about 10 minutes)")
     parser.add_argument("--quick", action="store_true", help="the comparison at toy size (seconds)")
     parser.add_argument("--sticky", action="store_true", help="run_sticky: SGD against exact Bayes")
+    parser.add_argument("--deep", action="store_true", help="the authors' deep variant, 5 seeds (about an hour)")
+    parser.add_argument("--chain", default="exact", choices=CHAINS,
+                        help="exact: self-transition 0.3; authors: 0.3498, as the authors' script builds it")
     parser.add_argument("--steps", type=int, default=1000, help="training steps per arm")
     parser.add_argument("--seed", type=int, default=0, help="seed for --sticky")
     parser.add_argument("--sigma", type=float, default=1.0, help="noise for --sticky")
     parser.add_argument("--fig-dir", default="figures", help="where the figures and dynamics.json go")
     args = parser.parse_args()
     if args.sticky:
-        m = run_sticky(steps=args.steps, seed=args.seed, sigma=args.sigma, fig_dir=args.fig_dir)
+        m = run_sticky(steps=args.steps, seed=args.seed, sigma=args.sigma, fig_dir=args.fig_dir, chain=args.chain)
         print(json.dumps({k: v for k, v in m.items() if not isinstance(v, list)}, indent=1))
+    elif args.deep:
+        run_deep(args.chain, args.steps, args.fig_dir)
     elif args.compare_em or args.quick:
-        compare_em(steps=args.steps, fig_dir=args.fig_dir, quick=args.quick)
+        compare_em(steps=args.steps, fig_dir=args.fig_dir, quick=args.quick, chain=args.chain)
     else:
         parser.print_help()

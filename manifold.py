@@ -51,36 +51,44 @@ E_START = N_PROB + 1        # position of E[0, 0]; E[s, o] sits at E_START + S s
 # the probe data: held-out sequences with exact posteriors
 
 def task_of(cfg, meta):
-    """-> (task, replacement) of a checkpoint, from its meta (older checkpoints: from the vocabulary)."""
+    """-> the task of a checkpoint, from its meta (older checkpoints: from the vocabulary)."""
     task = meta.get("task") or ("hmm" if cfg.vocab_size == wt.HMM_VOCAB else "bijection")
-    if task not in ("bijection", "hmm"):
-        raise ValueError(f"task {task!r}: manifold.py probes the bijection and HMM wind tunnels")
-    return task, bool(meta.get("replacement", False))
+    if task not in ("bijection", "sawtooth", "hmm") or meta.get("replacement"):
+        raise ValueError(f"task {task!r}{' with replacement' if meta.get('replacement') else ''}: manifold.py "
+                         f"probes the bijection, sawtooth and HMM wind tunnels")
+    return task
 
 
-def probe_batch(task, replacement, cfg, n, seed):
+def probe_batch(task, cfg, n, seed):
     """n held-out sequences shaped like the training data of this checkpoint."""
     rng = np.random.default_rng((PROBE_SEED, seed))
     if task == "bijection":
         V = cfg.n_classes
         L = min(V - 1, cfg.max_len // 2)                             # train.py: L = V - 1, max_len = 2L
-        return wt.bijection_batch(rng, n, V, L=L, replacement=replacement)
+        return wt.bijection_batch(rng, n, V, L=L)
+    if task == "sawtooth":
+        return wt.sawtooth_batch(rng, n, cfg.n_classes)
     K = HMM_K if cfg.pos != "learned" else min(HMM_K, cfg.max_len - wt.HMM_HEADER)
     return wt.hmm_batch(rng, n, K)
 
 
 def supervised_columns(batch):
-    """Positions with a target (the same in every row): (P,) int."""
+    """Positions the probes read (the same in every row): every supervised position but a final query,
+    whose posterior is always one-hot (train.evaluate leaves it out of the paper metric too): (P,) int."""
     cols = np.flatnonzero(batch["mask"][0] > 0)
     assert np.all(batch["mask"][:, cols] > 0)
+    if "query_mask" in batch:
+        cols = np.setdiff1d(cols, np.flatnonzero(batch["query_mask"][0] > 0))
     return cols
 
 
 def token_names(task, cfg, tokens):
-    """Readable names of one sequence's tokens: k3 / v7 (bijection), T / E / | / o2 (HMM)."""
+    """Readable names of one sequence's tokens: k3 / v7 (bijection, sawtooth; q: the query), T / E / | / o2 (HMM)."""
     if task == "bijection":
         V = cfg.n_classes
         return [f"k{t}" if t < V else f"v{t - V}" for t in tokens]
+    if task == "sawtooth":
+        return [("q" if i == len(tokens) - 1 else "k" if i % 2 == 0 else "v") + str(t) for i, t in enumerate(tokens)]
     names = ["T"] * N_PROB + ["|"] + ["E"] * N_PROB + ["|"]
     return names + [f"o{t - wt.HMM_OBS0}" for t in tokens[wt.HMM_HEADER:]]
 
@@ -94,6 +102,7 @@ def token_groups(task, cfg, tokens):
     """Hypothesis-carrying token types -> (token ids, positions where that type occurs).
 
     bijection: the key tokens 0..V-1 (even positions) and the value tokens V..2V-1 (odd positions).
+    sawtooth: the V tokens, keys and values at once (every position).
     HMM: the observation tokens (positions 52..) and the probability tokens of the header (SEP
     excluded) that occur in the probe sequences (entries >= 0.05 cap a probability at 0.80)."""
     T = tokens.shape[1]
@@ -101,6 +110,8 @@ def token_groups(task, cfg, tokens):
         V = cfg.n_classes
         return {"keys": (np.arange(V), np.arange(0, T, 2)),
                 "values": (np.arange(V, 2 * V), np.arange(1, T, 2))}
+    if task == "sawtooth":
+        return {"tokens": (np.arange(cfg.n_classes), np.arange(T))}
     header = np.r_[0:N_PROB, E_START:E_START + N_PROB]
     return {"observations": (wt.HMM_OBS0 + np.arange(wt.HMM_S), np.arange(wt.HMM_HEADER, T)),
             "probabilities": (np.unique(tokens[:, header]), header)}
@@ -202,9 +213,10 @@ def key_frame_probe(params, cfg, task, tokens):
 # probe 2: progressive query-key sharpening (stage 2)
 #
 # Evidence ("consistent") positions of a supervised row t, positions j <= t:
-#   bijection, key k_i at t = 2(i-1): if k_i occurred before, the value positions right after its
-#     earlier occurrences (they hold the answer); otherwise every earlier value position (each holds
-#     a value already taken, i.e. an eliminated hypothesis). Without replacement: all earlier values.
+#   bijection and sawtooth, key k_i at t = 2(i-1): if k_i occurred before (sawtooth), the value
+#     positions right after its earlier occurrences (they hold the answer); otherwise every earlier
+#     value position (each holds a value already taken, i.e. an eliminated hypothesis). Without
+#     replacement (bijection): all earlier values.
 #   HMM, observation o_t: the five header positions of the emission column E[s, o_t], s = 0..4,
 #     the likelihood of the current observation under each state.
 # Rows with no evidence position (the first key) are left out of the mass averages.
@@ -220,7 +232,7 @@ def evidence_masks(task, tokens, cols):
     n, T = tokens.shape
     j = np.arange(T)
     causal = j[None, :] <= cols[:, None]                            # (P, T)
-    if task == "bijection":
+    if task in ("bijection", "sawtooth"):
         value_pos = causal & (j[None, :] % 2 == 1)                  # (P, T) earlier value positions
         key_now = tokens[:, cols]                                    # (n, P)
         prev_key = np.concatenate([np.full((n, 1), -1), tokens[:, :-1]], axis=1)  # (n, T) token before j
@@ -305,7 +317,114 @@ def manifold_probe(cache, batch):
     resid, resid_xy = manifold_stats(rows(cache["resid"][-1]), h, pos)
     by_layer = {"attn_out": [manifold_stats(rows(lc["attn_out"]), h, pos)[0] for lc in cache["layers"]],
                 "residual": [manifold_stats(rows(r), h, pos)[0] for r in cache["resid"][1:]]}
-    return {"attn_out_last": attn, "residual_final": resid, "by_layer": by_layer}, (attn_xy, resid_xy, h)
+    return ({"attn_out_last": attn, "residual_final": resid, "by_layer": by_layer,
+             "authors": authors_manifold(rows(cache["xf"]), h, pos)}, (attn_xy, resid_xy, h))
+
+
+# ----------------------------------------------------------------------------
+# the authors' definitions of probes 1, 3 and 6 (shared/PAPERS.md, "Geometry, in three stages")
+#   key frame:   layer 0, each head separately, the hypothesis tokens h; key_h = LN1(wte[h]) @ W_K[:, head]
+#                (no positional term, no bias b_K); mean |off-diagonal cosine| per head
+#   manifold:    the final hidden state after the final LayerNorm at the positions that predict a value;
+#                centred PCA; Pearson r of each of PC1..PC5 with H_Bayes (the best |r|), R^2 of a linear fit
+#                of H_Bayes on the top 5 PCs, PC1's share of the variance
+#   frame:       the span of LN1(wte[h]) over the hypotheses (their "embedding" frame), compared across
+#                snapshots with the final one by the projection overlap ||U^T W||_F^2 / min(rank U, rank W),
+#                as a multiple of a random subspace's overlap
+AUTHORS_FRAME_RANK = 8      # the snapshot side of the overlap: its top 8 frame directions (the authors' rank)
+
+
+def hypothesis_tokens(task, cfg):
+    """The tokens that stand for the hypotheses: the value tokens V..2V-1 (bijection, format a), all V
+    tokens (sawtooth, format b), the five observation tokens (HMM: the authors define no HMM frame; an
+    observation is the evidence token whose likelihood column the filter reads)."""
+    if task == "bijection":
+        return np.arange(cfg.n_classes, 2 * cfg.n_classes)
+    if task == "sawtooth":
+        return np.arange(cfg.n_classes)
+    return wt.HMM_OBS0 + np.arange(wt.HMM_S)
+
+
+def token_frame(params, tokens):
+    """LN1 of layer 0 applied to the bare token embeddings: (n, C), no positional term."""
+    x = params["wte"][tokens].astype(np.float64)                    # (n, C)
+    h, _ = ba.layernorm_forward(x, params["blocks.0.ln1.g"].astype(np.float64),
+                                params["blocks.0.ln1.b"].astype(np.float64))
+    return h
+
+
+def authors_keys(params, cfg, tokens):
+    """key_h = LN1(wte[h]) @ W_K[:, head] for every layer-0 head: (NH, n, hs)."""
+    k = token_frame(params, tokens) @ params["blocks.0.attn.wk"].astype(np.float64)   # (n, C), no b_K
+    return k.reshape(len(tokens), cfg.n_heads, -1).transpose(1, 0, 2)
+
+
+def authors_key_frame(params, cfg, task):
+    """Mean |off-diagonal cosine| of the hypothesis keys per layer-0 head, beside random initialisations."""
+    toks = hypothesis_tokens(task, cfg)
+    hs = cfg.d_model // cfg.n_heads
+    per_head = [mean_abs_offdiag(cosine_matrix(k)) for k in authors_keys(params, cfg, toks)]
+    init = [[mean_abs_offdiag(cosine_matrix(k)) for k in authors_keys(ba.init_params(cfg, s), cfg, toks)]
+            for s in RANDOM_INIT_SEEDS]                              # (seeds, NH)
+    return {"hypotheses": len(toks), "head_size": hs, "per_head": per_head, "mean": float(np.mean(per_head)),
+            "most_orthogonal_head": int(np.argmin(per_head)),
+            "random_init_per_head": np.mean(init, 0).tolist(), "random_init_mean": float(np.mean(init)),
+            "welch_rms_lower_bound": welch_rms_bound(len(toks), hs),
+            "orthogonality_possible": hs >= len(toks)}
+
+
+def pearson(a, b):
+    """Pearson correlation; None when either side is constant."""
+    a, b = np.asarray(a, np.float64) - np.mean(a), np.asarray(b, np.float64) - np.mean(b)
+    den = math.sqrt(float(a @ a) * float(b @ b))
+    return float(a @ b) / den if den > 0 else None
+
+
+def r_squared(X, y):
+    """R^2 of the least-squares fit y ~ X w + c (in sample); None when y is constant."""
+    A = np.c_[X, np.ones(len(X))]
+    w = np.linalg.lstsq(A, y, rcond=None)[0]
+    ss_tot = float(((y - y.mean()) ** 2).sum())
+    return 1.0 - float(((y - A @ w) ** 2).sum()) / ss_tot if ss_tot > 0 else None
+
+
+def authors_manifold(X, h_bayes, position, n_pcs=5):
+    """X (N, C) final hidden states (after the final LayerNorm), h_bayes (N,), position (N,).
+    -> PC1 variance, Pearson r of PC1..PC5 with H (best |r|), R^2 of H on the top 5 PCs; controls:
+    R^2 of H on the position alone (1 when H is a function of the position, as in format a) and the
+    mean within-position R^2 of the same top-5-PC fit, over positions where H varies."""
+    scores, ratio = pca(np.asarray(X, dtype=np.float64))
+    top = scores[:, :n_pcs]
+    r = [pearson(top[:, i], h_bayes) for i in range(top.shape[1])]
+    best = max(range(len(r)), key=lambda i: -1.0 if r[i] is None else abs(r[i]))
+    onehot = (position[:, None] == np.unique(position)[None, :]).astype(np.float64)
+    within = [r_squared(top[position == p], h_bayes[position == p]) for p in np.unique(position)]
+    within = [w for w in within if w is not None]
+    return {"pc1_variance": float(ratio[0]), "pearson_pc1_to_pc5": r, "best_pc": best + 1,
+            "best_abs_pearson": None if r[best] is None else abs(r[best]), "r2_top5": r_squared(top, h_bayes),
+            "r2_position_only": r_squared(onehot[:, 1:], h_bayes),
+            "mean_within_position_r2_top5": float(np.mean(within)) if within else None}
+
+
+def frame_basis(params, task, cfg, rank=None):
+    """Orthonormal basis (C, r) of span{LN1(wte[h])} over the hypotheses h; with rank, its top `rank`
+    directions (the leading right singular vectors of the (n, C) frame)."""
+    F = token_frame(params, hypothesis_tokens(task, cfg))            # (n, C)
+    _, S, Vt = np.linalg.svd(F, full_matrices=False)
+    keep = int((S > S[0] * 1e-10).sum()) if rank is None else min(rank, len(S))
+    return Vt[:keep].T                                               # (C, r)
+
+
+def projection_overlap(U, W):
+    """||U^T W||_F^2 / min(r1, r2) for orthonormal bases U (C, r1), W (C, r2): 1 iff one contains the other.
+    A uniformly random r1-dimensional U has expected overlap r1 r2 / C / min(r1, r2)."""
+    return float((np.linalg.svd(U.T @ W, compute_uv=False) ** 2).sum() / min(U.shape[1], W.shape[1]))
+
+
+def random_overlap(C, r1, r2):
+    """Expected projection overlap of a uniformly random r1-dimensional subspace with a fixed r2-dimensional
+    one in R^C: E||U^T W||_F^2 = r1 r2 / C, divided by min(r1, r2)."""
+    return r1 * r2 / C / min(r1, r2)
 
 
 # ----------------------------------------------------------------------------
@@ -365,11 +484,19 @@ def ablations(params, cfg, batch):
             mask[l, h] = 0.0
             heads.append({"layer": l, "head": h, **delta(ablated_calibration(params, cfg, batch, mask))})
     worst = max(heads, key=lambda r: r["delta_kl_bits"])
-    worst_mae = max(heads, key=lambda r: r["delta_entropy_mae_bits"])
+    by_mae = sorted(heads, key=lambda r: -r["delta_entropy_mae_bits"])
+    worst_mae, second = by_mae[0], by_mae[1] if len(by_mae) > 1 else None
     return {"baseline": base, "heads": heads, "layers": layers,
             "hypothesis_frame_head": {"layer": worst["layer"], "head": worst["head"],
                                       "name": f"L{worst['layer']}H{worst['head']}", "rule": "largest KL increase"},
             "worst_head_by_entropy_mae": f"L{worst_mae['layer']}H{worst_mae['head']}",
+            "authors_frame_head": {   # the authors' rule: the head whose removal raises the entropy MAE most
+                "name": f"L{worst_mae['layer']}H{worst_mae['head']}",
+                "delta_entropy_mae_bits": worst_mae["delta_entropy_mae_bits"],
+                "second": None if second is None else f"L{second['layer']}H{second['head']}",
+                "second_delta_entropy_mae_bits": None if second is None else second["delta_entropy_mae_bits"],
+                "ratio_to_second": None if second is None or second["delta_entropy_mae_bits"] <= 0
+                else worst_mae["delta_entropy_mae_bits"] / second["delta_entropy_mae_bits"]},
             "worst_layer": int(max(layers, key=lambda r: r["delta_kl_bits"])["layer"])}
 
 
@@ -435,11 +562,15 @@ def frame_precision(run_dir, cfg, batch, task):
     snaps = snapshot_paths(run_dir)
     if len(snaps) < 2:
         return None
-    load = lambda path: snapshot_state(*ba.load_checkpoint(path)[:2], batch, task)
-    final = load(snaps[-1][1])[0]                                     # attention of the last snapshot
-    steps, states, tv, to_final, prev = [], [], [], [], None
+    load = lambda path: ba.load_checkpoint(path)[0]
+    last = load(snaps[-1][1])
+    final = snapshot_state(last, cfg, batch, task)[0]                 # attention of the last snapshot
+    final_frame = frame_basis(last, task, cfg)                        # (C, k) the authors' final frame
+    steps, states, tv, to_final, overlap, prev = [], [], [], [], [], None
     for step, path in snaps:
-        alphas, state = load(path)
+        params = load(path)
+        alphas, state = snapshot_state(params, cfg, batch, task)
+        overlap.append(projection_overlap(frame_basis(params, task, cfg, AUTHORS_FRAME_RANK), final_frame))
         if prev is not None:
             tv.append([attention_tv(a, b) for a, b in zip(prev, alphas)])  # (L,) per layer
         to_final.append([attention_tv(a, b) for a, b in zip(alphas, final)])
@@ -465,7 +596,26 @@ def frame_precision(run_dir, cfg, batch, task):
             "precision_settle_step": settling_step(steps, precision_rate),
             "frame_90pct_step": first_step_staying(steps, frame_progress >= 0.9),
             "precision_90pct_step": first_step_staying(steps, precision_progress >= 0.9),
-            "probe_sequences": int(len(batch["tokens"]))}
+            "probe_sequences": int(len(batch["tokens"])),
+            "authors": authors_frame_precision(steps, overlap, series["entropy_mae_bits"],
+                                               random_overlap(cfg.d_model, min(AUTHORS_FRAME_RANK, final_frame.shape[1]),
+                                                              final_frame.shape[1]))}
+
+
+def authors_frame_precision(steps, overlap, mae, chance):
+    """The authors' reading of probe 6: the frame's overlap with its final version as a multiple of chance,
+    against the calibration (entropy MAE). The frame plateaus at the first snapshot from which the ratio
+    stays >= 90% of its last value; the calibration gain after it is MAE(plateau) / MAE(last)."""
+    ratio = np.asarray(overlap) / chance
+    plateau = first_step_staying(steps, ratio >= 0.9 * ratio[-1])
+    k = steps.index(plateau) if plateau is not None else None
+    near_300 = int(np.argmin(np.abs(np.log(np.asarray(steps, np.float64) / 300.0))))
+    return {"overlap": list(overlap), "chance_overlap": chance, "ratio_to_chance": ratio.tolist(),
+            "ratio_ceiling": 1.0 / chance, "step_nearest_300": int(steps[near_300]),
+            "ratio_nearest_300": float(ratio[near_300]), "frame_plateau_step": plateau,
+            "ratio_at_plateau": None if k is None else float(ratio[k]),
+            "entropy_mae_at_plateau_bits": None if k is None else float(mae[k]),
+            "calibration_gain_after_plateau": None if k is None or mae[-1] <= 0 else float(mae[k] / mae[-1])}
 
 
 # ----------------------------------------------------------------------------
@@ -484,7 +634,8 @@ def _save(fig, path):
     return path
 
 
-GROUP_LABELS = {"keys": "key", "values": "value", "observations": "observation", "probabilities": "probability"}
+GROUP_LABELS = {"keys": "key", "values": "value", "tokens": "key or value", "observations": "observation",
+                "probabilities": "probability"}
 RECIPE_LABELS = {"ln": "LN1 W_K", "ln_centred": "LN1 W_K,\ncentred", "raw": "wte W_K\n(authors')",
                  "value_ln": "LN1 W_V\n(values)"}
 
@@ -570,7 +721,7 @@ def plot_attention_entropy(att, task, cfg, title, path):
     axes[0].axhline(att["uniform_entropy_bits"], color="gray", ls="--", label="uniform causal attention")
     axes[1].axhline(att["uniform_consistent_mass"], color="gray", ls="--", label="uniform causal attention")
     axes[0].set_ylabel("attention entropy at supervised rows (bits)")
-    evidence = ("earlier values (eliminated) / the answer if the key repeats" if task == "bijection"
+    evidence = ("earlier values (eliminated) / the answer if the key repeats" if task != "hmm"
                 else "emission column E[:, o_t] of the current observation")
     axes[1].set_ylabel("attention mass on evidence positions")
     axes[1].set_title(f"evidence: {evidence}", fontsize=8)
@@ -662,8 +813,8 @@ def plot_frame_precision(fp, title, path):
     mid = np.sqrt(steps[1:] * steps[:-1])                           # geometric midpoints of the intervals
     tv = np.asarray(fp["attention_tv_per_layer"])                    # (S-1, L)
     gaps = np.diff(steps)
-    fig, axes = plt.subplots(2, 2, figsize=(13, 8.5))
-    (a, b), (c, d) = axes
+    fig, axes = plt.subplots(2, 3, figsize=(19, 8.5))
+    (a, b, e), (c, d, f) = axes
     for l in range(tv.shape[1]):
         a.loglog(mid, np.maximum(tv[:, l] / gaps, 1e-12), "o-", ms=3, label=f"layer {l}")
     a.loglog(mid, np.maximum(fp["attention_tv_rate"], 1e-12), "k-", lw=2, label="mean over layers")
@@ -690,7 +841,28 @@ def plot_frame_precision(fp, title, path):
     d.axhline(0.9, color="gray", lw=0.8)
     d.set_ylabel("progress from first to last snapshot")
     d.set_title("progress (0 = first snapshot, 1 = last)", fontsize=9)
-    for ax in axes.ravel():
+    au = fp["authors"]                                              # the authors' reading: frame overlap vs calibration
+    gain = "n/a" if au["calibration_gain_after_plateau"] is None else f"{au['calibration_gain_after_plateau']:.3g}"
+    e.semilogx(steps, au["ratio_to_chance"], "o-", color="k", ms=3, label="frame overlap with the last, x chance")
+    e.axhline(au["ratio_ceiling"], color="gray", ls=":", lw=1, label=f"ceiling {au['ratio_ceiling']:.2f}x (= C / rank)")
+    e.axhline(1.0, color="gray", lw=0.8)
+    if au["frame_plateau_step"] is not None:
+        e.axvline(au["frame_plateau_step"], color="C2", ls="--", lw=1,
+                  label=f"plateau ({au['frame_plateau_step']}), then calibration x{gain}")
+    e.set_ylabel("projection overlap / a random subspace's")
+    e.set_title("the authors' frame: span of LN1(wte[h]), h the hypotheses", fontsize=9)
+    twin_e = e.twinx()
+    twin_e.loglog(steps, fp["entropy_mae_bits"], "s-", color="C3", ms=3, label="entropy MAE (bits)")
+    twin_e.set_ylabel("calibration: entropy MAE (bits)")
+    h1, l1 = e.get_legend_handles_labels()
+    h2, l2 = twin_e.get_legend_handles_labels()
+    e.legend(h1 + h2, l1 + l2, fontsize=7, frameon=False, loc="center left")
+    f.axis("off")
+    f.text(0, 0.9, "the authors (their checkpoints, Jacobian-lens subspaces):\n" + AUTHORS_NUMBERS["frame_precision"]
+           + f"\n\nthis run: {au['ratio_nearest_300']:.2f}x chance at step {au['step_nearest_300']},\nplateau at step "
+           f"{au['frame_plateau_step']}, calibration x{gain} after it", va="top",
+           fontsize=9, wrap=True)
+    for ax in (a, b, c, d, e):
         ax.set_xlabel("training step")
         for key, ls, name in (("frame_settle_step", "--", "frame settles"),
                               ("precision_settle_step", ":", "precision settles")):
@@ -745,6 +917,36 @@ DEFINITIONS = {
 }
 
 
+AUTHORS_DEFINITIONS = {
+    "key_frame": "layer 0, each head separately: key_h = LN1(wte[h]) @ W_K[:, head] for the hypothesis tokens h "
+                 "(bijection: the value tokens; sawtooth: all V tokens; HMM: the 5 observation tokens), no "
+                 "positional term and no bias b_K; statistic: mean |off-diagonal cosine| per head; beside it the "
+                 f"same at random initialisation (init_params, seeds {RANDOM_INIT_SEEDS}) and the Welch bound on "
+                 "the RMS cosine (orthogonality needs head size >= number of hypotheses).",
+    "manifold": "the final hidden state after the final LayerNorm at the positions that predict a value (the "
+                "sawtooth's query left out); centred PCA; Pearson r of PC1..PC5 with H_Bayes (best |r|); R^2 of "
+                "the least-squares fit of H_Bayes on the top 5 PC scores (in sample); PC1's share of the "
+                "variance. Controls (ours): R^2 of H_Bayes on the position alone, and the mean within-position "
+                "R^2 of the same fit over positions where H_Bayes varies.",
+    "frame_head": "the single head (any layer) whose zero-ablation raises the paper's entropy MAE most, and the "
+                  "ratio of its increase to the second-largest.",
+    "frame_precision": "frame = span of LN1(wte[h]) over the hypotheses (the authors' 'embedding' frame) of each "
+                       f"snapshot, its top {AUTHORS_FRAME_RANK} directions; overlap with the last snapshot's "
+                       "whole frame W = ||U^T W||_F^2 / min(rank U, rank W); ratio to chance = overlap / "
+                       "the expected overlap of a uniformly random subspace of the same rank (rank W / C). The "
+                       "authors compare their Jacobian-lens subspaces (not computed here) with the final frame "
+                       "the same way. Plateau: the first snapshot from which the ratio stays >= 90% of its last "
+                       "value; calibration gain after it: entropy MAE at the plateau / at the last snapshot.",
+}
+AUTHORS_NUMBERS = {   # what the authors report (shared/PAPERS.md), for the side-by-side table
+    "key_frame": "their checkpoint (format a, head size 32): 0.43-0.49 trained, 0.13-0.17 at random init",
+    "manifold": "PC1 above 80% of the variance expected; strong |r| with H_Bayes",
+    "frame_head": "removing layer 0 or a single hypothesis-frame head collapses calibration",
+    "frame_precision": "2.3x chance by step 300, a plateau near 6x by step 2,500, while calibration improves "
+                       "about 40x (0.03 -> 0.0008 bits)",
+}
+
+
 def plain(obj):
     """numpy scalars and arrays -> JSON types; non-finite floats -> None."""
     if isinstance(obj, dict):
@@ -778,14 +980,14 @@ def _analyze(checkpoint_path, fig_dir, n_seqs, seed):
     params, cfg, meta, _ = ba.load_checkpoint(checkpoint_path)
     if not isinstance(cfg, ba.Config):
         raise ValueError(f"{checkpoint_path!r} is not a transformer checkpoint")
-    task, replacement = task_of(cfg, meta)
+    task = task_of(cfg, meta)
     run_dir = os.path.dirname(os.path.abspath(checkpoint_path))
     run = os.path.basename(run_dir)
-    title = f"{run} ({task}{', with replacement' if replacement and task == 'bijection' else ''})"
+    title = f"{run} ({task})"
     os.makedirs(fig_dir, exist_ok=True)
     fig = lambda name: os.path.join(fig_dir, f"geometry_{run}_{name}.png")
 
-    batch = probe_batch(task, replacement, cfg, n_seqs, seed)
+    batch = probe_batch(task, cfg, n_seqs, seed)
     _, cache = ba.forward(params, batch["tokens"], cfg)
 
     frame, matrices = key_frame_probe(params, cfg, task, batch["tokens"])
@@ -808,9 +1010,12 @@ def _analyze(checkpoint_path, fig_dir, n_seqs, seed):
     if fp is not None:
         figures.append(plot_frame_precision(fp, title, fig("frame_precision")))
 
+    authors = {"key_frame": authors_key_frame(params, cfg, task), "manifold": man["authors"],
+               "frame_head": abl["authors_frame_head"], "frame_precision": fp["authors"] if fp else None}
     out = plain({
-        "checkpoint": os.path.abspath(checkpoint_path), "task": task, "replacement": replacement,
+        "checkpoint": os.path.abspath(checkpoint_path), "task": task,
         "step": meta.get("step"), "config": cfg.to_dict(), "probe_sequences": n_seqs, "probe_seed": seed,
+        "authors": authors, "authors_definitions": AUTHORS_DEFINITIONS, "authors_numbers": AUTHORS_NUMBERS,
         "definitions": DEFINITIONS,
         "key_frame": frame, "attention": att, "manifold": man, "logit_lens": lens, "ablations": abl,
         "frame_precision": fp, "figures": figures})
@@ -820,8 +1025,27 @@ def _analyze(checkpoint_path, fig_dir, n_seqs, seed):
 
 
 def summary(g):
-    """A few lines for the terminal."""
-    lines = []
+    """A few lines for the terminal: the authors' definitions first, then ours."""
+    a, lines = g["authors"], ["the authors' definitions:"]
+    k = a["key_frame"]
+    lines.append(f"  layer-0 keys of the {k['hypotheses']} hypotheses, mean|cos| per head "
+                 f"{', '.join(f'{c:.3f}' for c in k['per_head'])} (random init {k['random_init_mean']:.3f}; "
+                 f"head size {k['head_size']}, Welch RMS bound {k['welch_rms_lower_bound']:.3f})")
+    m = a["manifold"]
+    fmt = lambda x: "n/a" if x is None else f"{x:.3f}"
+    lines.append(f"  final hidden state: PC1 {m['pc1_variance']:.3f} of the variance, best |Pearson| "
+                 f"{fmt(m['best_abs_pearson'])} (PC{m['best_pc']}), R^2 top-5 PCs {fmt(m['r2_top5'])}; position "
+                 f"alone R^2 {fmt(m['r2_position_only'])}, within-position R^2 {fmt(m['mean_within_position_r2_top5'])}")
+    h = a["frame_head"]
+    lines.append(f"  frame head by entropy MAE: {h['name']} (+{h['delta_entropy_mae_bits']:.3g} bits), "
+                 f"{fmt(h['ratio_to_second'])}x the second ({h['second']})")
+    f = a["frame_precision"]
+    if f:
+        lines.append(f"  frame overlap with its final version: {f['ratio_nearest_300']:.2f}x chance at step "
+                     f"{f['step_nearest_300']}, plateau at step {f['frame_plateau_step']} "
+                     f"({fmt(f['ratio_at_plateau'])}x, ceiling {f['ratio_ceiling']:.2f}x); calibration improves "
+                     f"{fmt(f['calibration_gain_after_plateau'])}x after it")
+    lines.append("ours:")
     for recipe, groups in g["key_frame"].items():
         for name, s in groups.items():
             lines.append(f"layer-0 frame {recipe:>10} {name:>13}: mean|cos| trained {s['mean_abs_offdiag']:.3f}, "

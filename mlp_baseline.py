@@ -1,17 +1,29 @@
-"""mlp_baseline: the capacity-matched MLP of Paper I, built from bayesattn's hand-written pieces.
+"""mlp_baseline: the two MLP baselines of this project, built from bayesattn's hand-written pieces.
 
-At every position t the MLP sees the whole prefix tok_0..tok_t as one-hot rows in slots 0..t
-of a (T_max, V) grid, zeros in slots t+1..T_max-1, flattened, and predicts position t's classes:
+Neither has attention; they differ in what one position sees.
 
+`token` (train.py --model mlp): the authors' MLP (Paper I). At position t it sees the token tok_t
+and the position t, nothing else:
+    h_t = wte[tok_t] + wpe[t]                                          (H,)   embedding
+    h_t = h_t + gelu(LN(h_t) @ W_1 + b_1) @ W_2 + b_2                  (H,)   N residual blocks
+    z_t = LNf(h_t) @ W_out + b_out                                     (K,)   logits
+With no context it can learn only the prior p(y | tok_t, t), which in every wind tunnel here is
+uniform (values, states are exchangeable), so its paper metric is the prior's gap
+(windtunnels.prior_gap_bits): 1.107 bits (bijection), 1.849 (sawtooth), 0.42 (HMM).
+
+`prefix` (train.py --model prefix-mlp): a stronger baseline. At every position t it sees the
+whole prefix tok_0..tok_t as one-hot rows in slots 0..t of a (T_max, V) grid, zeros in slots
+t+1..T_max-1, flattened:
     x_t = flatten([onehot(tok_0); ...; onehot(tok_t); 0; ...; 0])      (T_max*V,)  zero-padded prefix
     h   = x_t @ W_in + b_in                                             (H,)        input layer
-    h   = h + gelu(LN(h) @ W_1 + b_1) @ W_2 + b_2                       (H,)        N residual blocks
-    z_t = LNf(h) @ W_out + b_out                                        (K,)        logits
+then the same residual blocks and head. Whatever is a linear function of the prefix grid (which
+values have been seen, say) its first layer can compute; what it lacks is weight sharing across
+slots, which is what attention has.
 
 Notation: B batch, T sequence length (T <= T_max = max_len), V input vocabulary, K classes,
 H width, M = 4H inner width of a block, N number of blocks.
 
-The input layer, reformulated exactly. x_t is one-hot within each filled slot, so x_t @ W_in is
+The prefix input layer, reformulated exactly. x_t is one-hot within each filled slot, so x_t @ W_in is
 a sum of rows of W_in, one per slot:
     h_t = b_in + sum_{j <= t} W_in[j*V + tok_j]          gather, then cumulative sum over t
     dG_j = sum_{t >= j} dh_t                              reverse cumulative sum
@@ -19,11 +31,10 @@ a sum of rows of W_in, one per slot:
 The dense one-hot product (`prefix_onehot`, `prefix_linear_ref`) stays as the reference and
 the tests check that the two agree, forward and backward.
 
-No position input, on purpose: the position is implicit in the padding. A one-hot of t would
-add nothing the input layer cannot already express: adding P_j - P_{j-1} to all V rows of slot j
-makes the cumulative sum contribute P_t at position t, for any table P (T_max, H) (P_{-1} = 0).
-Also left out: dropout, and any sharing of weights across slots (that sharing is what attention
-has and this baseline lacks).
+The prefix MLP has no position input, on purpose: the position is implicit in the padding. A
+one-hot of t would add nothing the input layer cannot already express: adding P_j - P_{j-1} to all
+V rows of slot j makes the cumulative sum contribute P_t at position t, for any table P (T_max, H)
+(P_{-1} = 0). Also left out of both: dropout.
 
 Gradient convention (as in bayesattn): every backward returns FRESH arrays, and `mlp_backward`
 returns a dict with the same keys as the parameters.
@@ -38,6 +49,7 @@ import numpy as np  # noqa: E402
 
 MLP_RATIO = 4   # inner width M = 4H, as in the transformer's feed-forward layers
 MATCH_TOL = 0.05  # capacity matching: parameter count within 5% of the target
+INPUTS = ("token", "prefix")  # what one position sees: its own token and position, or the whole prefix
 
 
 # ----------------------------------------------------------------------------
@@ -51,6 +63,7 @@ class MLPConfig:
     width: int                 # H, residual stream width
     n_blocks: int              # N, residual blocks
     dtype: str = "float32"     # "float32" for training, "float64" for checks
+    inputs: str = "prefix"     # "token": the authors' MLP (tok_t and t); "prefix": the whole prefix grid
 
     def __post_init__(self):
         for name in ("vocab_size", "n_classes", "max_len", "width", "n_blocks"):
@@ -59,21 +72,24 @@ class MLPConfig:
                 raise ValueError(f"{name}={value!r}: must be a positive integer")
         if self.dtype not in ("float32", "float64"):
             raise ValueError(f"dtype={self.dtype!r}: allowed are 'float32', 'float64'")
+        if self.inputs not in INPUTS:
+            raise ValueError(f"inputs={self.inputs!r}: allowed are {', '.join(map(repr, INPUTS))}")
 
     def to_dict(self):
         return asdict(self)
 
 
-def mlp_param_count(vocab_size, n_classes, max_len, width, n_blocks):
+def mlp_param_count(vocab_size, n_classes, max_len, width, n_blocks, inputs="prefix"):
     """Closed form of count_params(mlp_init_params(...)), so widths can be searched without allocating."""
     V, K, H, M = vocab_size, n_classes, width, MLP_RATIO * width
     per_block = 2 * H + (H * M + M) + (M * H + H)                  # LN, W_1 b_1, W_2 b_2
-    return (max_len * V * H + H) + n_blocks * per_block + 2 * H + (H * K + K)
+    first = (V * H + max_len * H) if inputs == "token" else (max_len * V * H + H)   # wte, wpe | W_in, b_in
+    return first + n_blocks * per_block + 2 * H + (H * K + K)
 
 
-def match_width(vocab_size, n_classes, max_len, n_blocks, target_params, dtype="float32"):
+def match_width(vocab_size, n_classes, max_len, n_blocks, target_params, dtype="float32", inputs="prefix"):
     """MLPConfig whose width gives the parameter count closest to target_params; ValueError if not within 5%."""
-    count = lambda H: mlp_param_count(vocab_size, n_classes, max_len, H, n_blocks)
+    count = lambda H: mlp_param_count(vocab_size, n_classes, max_len, H, n_blocks, inputs)
     H = 1
     while count(H) < target_params:                                # the count grows with H
         H += 1
@@ -84,7 +100,7 @@ def match_width(vocab_size, n_classes, max_len, n_blocks, target_params, dtype="
         raise ValueError(f"no width matches {target_params} parameters within {MATCH_TOL:.0%} with "
                          f"n_blocks={n_blocks}, max_len={max_len}, V={vocab_size}, K={n_classes}: "
                          f"closest is width={H} with {count(H)} ({error:.1%} off)")
-    return MLPConfig(vocab_size, n_classes, max_len, H, n_blocks, dtype)
+    return MLPConfig(vocab_size, n_classes, max_len, H, n_blocks, dtype, inputs)
 
 
 def mlp_init_params(mcfg, seed=0):
@@ -93,7 +109,10 @@ def mlp_init_params(mcfg, seed=0):
     V, K, H, N = mcfg.vocab_size, mcfg.n_classes, mcfg.width, mcfg.n_blocks
     M = MLP_RATIO * H
     std, std_res = 0.02, 0.02 / math.sqrt(2 * N)
-    p = {"mlp.in.w": rng.normal(0, std, (mcfg.max_len * V, H)), "mlp.in.b": np.zeros(H)}
+    if mcfg.inputs == "token":
+        p = {"mlp.wte": rng.normal(0, std, (V, H)), "mlp.wpe": rng.normal(0, std, (mcfg.max_len, H))}
+    else:
+        p = {"mlp.in.w": rng.normal(0, std, (mcfg.max_len * V, H)), "mlp.in.b": np.zeros(H)}
     for i in range(N):
         pre = f"mlp.blocks.{i}."
         p[pre + "ln.g"], p[pre + "ln.b"] = np.ones(H), np.zeros(H)
@@ -155,8 +174,11 @@ def mlp_forward(params, tokens, mcfg):
     if tokens.size and (tokens.min() < 0 or tokens.max() >= mcfg.vocab_size):
         raise ValueError(f"token ids must lie in 0..{mcfg.vocab_size - 1}, got {tokens.min()}..{tokens.max()}")
     if tokens.shape[1] > mcfg.max_len:
-        raise ValueError(f"sequence length {tokens.shape[1]} exceeds max_len={mcfg.max_len} of the prefix grid")
-    x, idx = prefix_linear_forward(tokens, params["mlp.in.w"], params["mlp.in.b"], mcfg.vocab_size)  # (B, T, H)
+        raise ValueError(f"sequence length {tokens.shape[1]} exceeds max_len={mcfg.max_len} of this MLP")
+    if mcfg.inputs == "token":                                      # h_t = wte[tok_t] + wpe[t]: no mixing
+        x, idx = ba.embedding_forward(params["mlp.wte"], params["mlp.wpe"], tokens)  # (B, T, H)
+    else:                                                           # h_t = b + sum_{j<=t} W_in[j V + tok_j]
+        x, idx = prefix_linear_forward(tokens, params["mlp.in.w"], params["mlp.in.b"], mcfg.vocab_size)
     cache = {"idx": idx, "blocks": [], "resid": [x]}
     for i in range(mcfg.n_blocks):
         pre = f"mlp.blocks.{i}."
@@ -188,7 +210,12 @@ def mlp_backward(dlogits, cache, params, mcfg):
         da, g[pre + "w1"], g[pre + "b1"] = ba.linear_backward(dpre, bc["a"], params[pre + "w1"])
         dh, g[pre + "ln.g"], g[pre + "ln.b"] = ba.layernorm_backward(da, bc["ln"])
         dx = dx + dh                                                   # x_in feeds both the residual and LN
-    g["mlp.in.w"], g["mlp.in.b"] = prefix_linear_backward(dx, cache["idx"], params["mlp.in.w"])
+    if mcfg.inputs == "token":
+        g["mlp.wte"], dwpe = ba.embedding_backward(dx, cache["idx"], mcfg.vocab_size)
+        g["mlp.wpe"] = np.zeros_like(params["mlp.wpe"])
+        g["mlp.wpe"][:dwpe.shape[0]] = dwpe                        # rows past T get no gradient
+    else:
+        g["mlp.in.w"], g["mlp.in.b"] = prefix_linear_backward(dx, cache["idx"], params["mlp.in.w"])
     return g
 
 

@@ -24,22 +24,24 @@ def small_problem(seed=0, B=2, T=9, std=0.5, dtype="float64"):
     return x.astype(dtype), targets, dy.init_head(seed, std=std, dtype=dtype)
 
 
+def centred_difference(loss, w):
+    """dL/dw by centred differences, one entry of w at a time (changed in place, then restored)."""
+    g = np.zeros_like(w)
+    for idx in np.ndindex(w.shape):
+        old = w[idx]
+        w[idx] = old + H
+        fp = loss()
+        w[idx] = old - H
+        fm = loss()
+        w[idx] = old
+        g[idx] = (fp - fm) / (2 * H)
+    return g
+
+
 def numerical_grads(params, x, targets):
-    """dL/dW for every weight by centred differences of the reference loss (weights changed in place)."""
+    """dL/dW for every weight by centred differences of the reference loss."""
     loss = lambda: dy.head_loss(params, x, targets, fast=False)[0]
-    grads = {}
-    for name in NAMES:
-        w, g = params[name], np.zeros_like(params[name])
-        for idx in np.ndindex(w.shape):
-            old = w[idx]
-            w[idx] = old + H
-            fp = loss()
-            w[idx] = old - H
-            fm = loss()
-            w[idx] = old
-            g[idx] = (fp - fm) / (2 * H)
-        grads[name] = g
-    return grads
+    return {name: centred_difference(loss, params[name]) for name in NAMES}
 
 
 def assert_close(analytic, reference, tol, what):
@@ -150,3 +152,43 @@ def test_compare_em_quick_writes_everything(tmp_path):
             assert key in s["em"], key
     tr = out["transformer"]
     assert np.array(tr["routing_norm"]).shape == np.array(tr["value_norm"]).shape
+
+
+# ----------------------------------------------------------------------------
+# the authors' chain and their deep variant
+
+def test_authors_chain_is_the_effective_0_3498():
+    P, _ = dy.sticky_task("authors")
+    assert P[0, 0] == pytest.approx(0.349802, abs=1e-6) and dy.sticky_task("exact")[0][0, 0] == 0.3
+    with pytest.raises(ValueError, match="chain='other': allowed are 'exact', 'authors'"):
+        dy.sticky_task("other")
+
+
+def test_deep_model_gradients_match_finite_differences():
+    """The deep variant's model: input projection, then bayesattn's blocks; every tensor against centred
+    differences in float64 (tiny sizes, weights loud enough that attention is far from uniform)."""
+    cfg, params = dy.deep_init(0, 6, dtype="float64", d_model=8, n_layers=2, n_heads=2, d_mlp=16)
+    rng = np.random.default_rng(1)
+    for name in params:
+        params[name] = params[name] + rng.normal(0, 0.3, params[name].shape)
+    x, targets = dy.sticky_data(2, T=6, n=2)
+    _, grads = dy.deep_loss_and_grads(params, x, targets, cfg)
+    assert set(grads) == set(params)
+    loss = lambda: dy.deep_loss_and_grads(params, x, targets, cfg)[0]
+    worst = {}
+    for name, w in params.items():
+        num = centred_difference(loss, w)
+        if name.endswith("attn.bk"):     # a shared shift of every key: rows of ds sum to zero, so exactly 0
+            assert np.abs(grads[name]).max() < 1e-12 and np.abs(num).max() < 1e-8, name
+            continue
+        worst[name] = rel_error(grads[name], num)
+    bad = {k: f"{v:.2e}" for k, v in worst.items() if not v <= 1e-6}
+    assert not bad, f"deep model: relative error above 1e-6: {bad}"
+
+
+def test_deep_variant_trains_and_reports_against_exact_bayes():
+    out = dy.deep_variant(seeds=(3,), steps=25, lr=3e-3, T=64, chain="authors")
+    r = out["per_seed"][0]
+    assert r["train_loss_bits"][-1] < r["train_loss_bits"][0]
+    assert r["test_kl_bits"] > 0 and r["test_loss_bits"] > r["test_bayes_loss_bits"] - 0.2
+    assert out["config"]["bound_bits"] == pytest.approx(2.639, abs=1e-3)     # the authors' chain

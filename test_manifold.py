@@ -120,7 +120,7 @@ def test_ablating_a_head_with_zero_output_projection_changes_nothing():
     params = loud_params(cfg)
     hs = cfg.d_model // cfg.n_heads
     params["blocks.1.attn.wo"][hs:2 * hs] = 0.0                       # head 1 of layer 1 writes nothing
-    batch = mf.probe_batch("bijection", False, cfg, 16, 0)
+    batch = mf.probe_batch("bijection", cfg, 16, 0)
     abl = mf.ablations(params, cfg, batch)
     silent = next(r for r in abl["heads"] if (r["layer"], r["head"]) == (1, 1))
     assert silent["delta_kl_bits"] == pytest.approx(0.0, abs=1e-12)
@@ -131,7 +131,7 @@ def test_ablating_a_head_with_zero_output_projection_changes_nothing():
 def test_logit_lens_of_the_last_stream_is_the_model():
     cfg = tiny_config()
     params = loud_params(cfg)
-    batch = mf.probe_batch("bijection", False, cfg, 8, 0)
+    batch = mf.probe_batch("bijection", cfg, 8, 0)
     _, cache = ba.forward(params, batch["tokens"], cfg)
     lens = mf.logit_lens(params, cache, batch)
     assert len(lens["kl_bits"]) == cfg.n_layers + 1
@@ -147,7 +147,7 @@ def test_identical_snapshots_give_zero_attention_change(tmp_path):
     os.makedirs(tmp_path / "snapshots")
     for step in (10, 100):
         ba.save_checkpoint(str(tmp_path / "snapshots" / f"step_{step:07d}.npz"), params, cfg, meta={"step": step})
-    batch = mf.probe_batch("bijection", False, cfg, 8, 0)
+    batch = mf.probe_batch("bijection", cfg, 8, 0)
     fp = mf.frame_precision(str(tmp_path), cfg, batch, "bijection")
     assert fp["steps"] == [10, 100]
     assert np.all(np.asarray(fp["attention_tv_per_layer"]) == 0.0)

@@ -15,8 +15,9 @@ import mlp_baseline as mb
 from test_bayesattn import GRAD_TOL, H, assert_grads, numerical_grad, rel_error  # noqa: E402,F401
 
 
-def tiny_mlp(seed=0, max_len=5):
-    mcfg = mb.MLPConfig(vocab_size=4, n_classes=3, max_len=max_len, width=4, n_blocks=2, dtype="float64")
+def tiny_mlp(seed=0, max_len=5, inputs="prefix"):
+    mcfg = mb.MLPConfig(vocab_size=4, n_classes=3, max_len=max_len, width=4, n_blocks=2, dtype="float64",
+                        inputs=inputs)
     params = mb.mlp_init_params(mcfg, seed)
     rng = np.random.default_rng(seed + 100)
     for name in params:                                         # non-trivial weights everywhere
@@ -69,9 +70,10 @@ def test_input_layer_backward():
 # ----------------------------------------------------------------------------
 # the whole MLP: every parameter tensor against finite differences
 
+@pytest.mark.parametrize("inputs", mb.INPUTS)
 @pytest.mark.parametrize("soft", [False, True], ids=["hard-targets", "soft-targets"])
-def test_mlp_gradients(soft):
-    mcfg, params = tiny_mlp()
+def test_mlp_gradients(soft, inputs):
+    mcfg, params = tiny_mlp(inputs=inputs)
     rng = np.random.default_rng(3)
     tokens = rng.integers(0, 4, (2, 4))                          # T = 4 < max_len = 5: padding is exercised
     mask = np.array([[1, 1, 0, 1], [0, 1, 1, 1]], dtype=float)
@@ -82,6 +84,24 @@ def test_mlp_gradients(soft):
     numeric = {name: numerical_grad(f, params[name], np.array(1.0)) for name in params}
     errors = assert_grads(grads, numeric)
     print("\nworst relative error per tensor:\n" + "\n".join(f"  {k:22s} {v:.2e}" for k, v in errors.items()))
+
+
+def test_token_mlp_sees_only_its_token_and_position():
+    """The authors' MLP: changing any other token leaves a position's output alone; its own token does not."""
+    mcfg, params = tiny_mlp(inputs="token")
+    tokens = np.random.default_rng(4).integers(0, 4, (3, 5))
+    logits = mb.mlp_forward(params, tokens, mcfg)[0]
+    for t in range(5):
+        changed = tokens.copy()
+        changed[:, t] = (changed[:, t] + 1) % 4
+        other = mb.mlp_forward(params, changed, mcfg)[0]
+        keep = np.arange(5) != t
+        np.testing.assert_array_equal(other[:, keep], logits[:, keep])
+        assert np.all(np.abs(other[:, t] - logits[:, t]).max(-1) > 1e-6)
+    # the same token at two positions gives two outputs: the position is an input
+    same = np.zeros((1, 5), dtype=int)
+    out = mb.mlp_forward(params, same, mcfg)[0][0]
+    assert np.abs(out[0] - out[1]).max() > 1e-6
 
 
 def test_causality():
@@ -120,24 +140,27 @@ def test_float32_stays_float32():
 # ----------------------------------------------------------------------------
 # capacity matching
 
-def test_param_count_and_decay():
+@pytest.mark.parametrize("inputs", mb.INPUTS)
+def test_param_count_and_decay(inputs):
     for width, n_blocks in ((3, 1), (17, 4)):
-        mcfg = mb.MLPConfig(vocab_size=40, n_classes=20, max_len=38, width=width, n_blocks=n_blocks)
+        mcfg = mb.MLPConfig(vocab_size=40, n_classes=20, max_len=38, width=width, n_blocks=n_blocks, inputs=inputs)
         params = mb.mlp_init_params(mcfg)
-        assert ba.count_params(params) == mb.mlp_param_count(40, 20, 38, width, n_blocks)
+        assert ba.count_params(params) == mb.mlp_param_count(40, 20, 38, width, n_blocks, inputs)
     decayed = {k for k in params if ba.default_decay(k)}        # matrices decay; biases and LN gains do not
     assert decayed == {k for k, v in params.items() if v.ndim == 2}
 
 
+@pytest.mark.parametrize("inputs", mb.INPUTS)
 @pytest.mark.parametrize("d_model, n_layers", [(64, 4), (128, 6)])
-def test_match_width_is_capacity_matched(d_model, n_layers):
+def test_match_width_is_capacity_matched(d_model, n_layers, inputs):
     cfg = ba.Config(vocab_size=40, n_classes=20, max_len=38, d_model=d_model, n_layers=n_layers, n_heads=4)
     target = ba.count_params(ba.init_params(cfg))
-    mcfg = mb.match_width(40, 20, 38, n_layers, target)
+    mcfg = mb.match_width(40, 20, 38, n_layers, target, inputs=inputs)
+    assert mcfg.inputs == inputs
     n = ba.count_params(mb.mlp_init_params(mcfg))
     assert abs(n - target) <= 0.05 * target, f"MLP {n} vs transformer {target} parameters"
     for other in (mcfg.width - 1, mcfg.width + 1):              # and no other width is closer
-        assert abs(mb.mlp_param_count(40, 20, 38, other, n_layers) - target) >= abs(n - target)
+        assert abs(mb.mlp_param_count(40, 20, 38, other, n_layers, inputs) - target) >= abs(n - target)
 
 
 def test_match_width_rejects_unreachable_target():
@@ -150,6 +173,8 @@ def test_config_and_inputs_rejected():
         mb.MLPConfig(vocab_size=4, n_classes=3, max_len=5, width=0, n_blocks=1)
     with pytest.raises(ValueError, match="dtype='float16'"):
         mb.MLPConfig(vocab_size=4, n_classes=3, max_len=5, width=4, n_blocks=1, dtype="float16")
+    with pytest.raises(ValueError, match="inputs='grid': allowed are 'token', 'prefix'"):
+        mb.MLPConfig(vocab_size=4, n_classes=3, max_len=5, width=4, n_blocks=1, inputs="grid")
     mcfg, params = tiny_mlp()
     with pytest.raises(ValueError, match="token ids must lie in 0..3"):
         mb.mlp_forward(params, np.array([[0, 4]]), mcfg)

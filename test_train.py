@@ -32,8 +32,19 @@ def assert_clear_error(proc, expected):
 
 
 @pytest.mark.parametrize("args, expected", [
-    (["--task", "bijektion"], "--task 'bijektion': allowed are bijection, hmm, sticky"),
-    (["--model", "rnn"], "--model 'rnn': allowed are transformer, mlp"),
+    (["--task", "bijektion"], "--task 'bijektion': allowed are bijection, sawtooth, hmm, sticky"),
+    (["--model", "rnn"], "--model 'rnn': allowed are transformer, mlp, prefix-mlp"),
+    (["--baseline", "lstm"], "--baseline 'lstm': allowed are mlp, prefix-mlp"),
+    (["--init", "zeros"], "--init 'zeros': allowed are gpt2, fan-in"),
+    (["--task", "hmm", "--V", "10"], "--V does not apply to --task hmm (it belongs to bijection and sawtooth)"),
+    (["--K", "10"], "--K does not apply to --task bijection (it belongs to hmm)"),
+    (["--curriculum", "5:100"], "--curriculum does not apply to --task bijection (it belongs to sawtooth)"),
+    (["--task", "sawtooth", "--curriculum", "30:100"], "each alphabet must lie in 1..20 and the steps must increase"),
+    (["--task", "sawtooth", "--curriculum", "5:100,10:50"], "each alphabet must lie in 1..20 and the steps must"),
+    (["--task", "sawtooth", "--curriculum", "five"], "expected stages alphabet:until_step"),
+    (["--chain", "authors"], "--chain does not apply to --task bijection (it belongs to sticky)"),
+    (["--task", "sticky", "--chain", "0.35"], "--chain '0.35': allowed are exact, authors"),
+    (["--task", "sticky", "--deep", "--compare-em"], "--compare-em and --deep are two experiments"),
     (["--preset", "huge"], "--preset 'huge': allowed are quick, default, paper"),
     (["--steps", "0"], "--steps 0: must be a positive integer"),
     (["--batch", "-3"], "--batch -3: must be a positive integer"),
@@ -238,3 +249,51 @@ def test_evaluate_scores_the_exact_posterior_zero_and_a_mixture_as_computed():
     assert np.isclose(m["impossible_mass"], (eps / 6 * ruled_out).mean(), rtol=1e-12)
     assert [r["impossible_mass"] for r in m["per_position"]] == pytest.approx(eps / 6 * np.arange(len(cols)))
     assert m["kl_bits"] > 0 and m["per_position"][0]["impossible_mass"] == 0.0
+
+
+@pytest.mark.parametrize("task", ["bijection", "sawtooth", "hmm"])
+def test_authors_mlp_learns_exactly_the_prior(task):
+    """The authors' MLP sees one token and its position, so trained it reaches the prior's gap
+    (windtunnels.prior_gap_bits: 1.107, 1.849, about 0.42 bits), not less. It starts from loud output
+    weights, far from the prior, so only training can bring it there."""
+    import mlp_baseline as mb
+    import train
+    import windtunnels as wt
+    spec = train.task_spec(task)
+    mcfg = mb.MLPConfig(spec["vocab"], spec["classes"], spec["max_len"], width=16, n_blocks=1, inputs="token")
+    params = mb.mlp_init_params(mcfg, 0)
+    params["mlp.out.w"] = np.random.default_rng(1).normal(0, 1.0, params["mlp.out.w"].shape).astype(np.float32)
+    gap = wt.prior_gap_bits(task, n=20000)
+    held_out = spec["batch"](np.random.default_rng(99), 500)
+    predict = lambda tok: mb.mlp_predict_proba(params, tok, mcfg)
+    before = train.evaluate(predict, held_out)[0]["entropy_mae_bits"]
+    assert abs(before - gap) > 0.1, (before, gap)
+    state = ba.adamw_init(params)
+    for step in range(300):
+        b = spec["batch"](np.random.default_rng((5, step)), 64)
+        loss, grads = mb.mlp_loss_and_grads(params, b["tokens"], b["targets"], b["mask"], mcfg)
+        ba.clip_grad_norm(grads, 1.0)
+        ba.adamw_step(params, grads, state, ba.lr_schedule(step, 1e-2, 20, 300, min_lr=1e-3))
+    m = train.evaluate(predict, held_out)[0]
+    assert abs(m["entropy_mae_bits"] - gap) < 0.03, (task, m["entropy_mae_bits"], gap)
+    assert abs(m["kl_bits"] - gap) < 0.03, (task, m["kl_bits"], gap)   # KL(post || uniform) = log2 K - H(post)
+
+
+def test_evaluate_keeps_the_sawtooth_query_apart():
+    """The paper's sawtooth curve covers the L value positions; the query is scored on its own. A model that is
+    exact everywhere but puts 1/2 on the query's answer (1/2 spread over the other V - 1 values) has paper
+    metric, per-sequence MAE and KL 0, and at the query KL = log2(1 / (1/2)) = 1 bit and accuracy 1."""
+    import train
+    import windtunnels as wt
+    V = 5
+    batch = wt.sawtooth_batch(np.random.default_rng(0), 30, V=V)
+    q = batch["posterior"].copy()
+    q[:, -1] = np.where(q[:, -1] == 1.0, 0.5, 0.5 / (V - 1))
+    m, _ = train.evaluate(lambda tok: q, batch)
+    for key in ("entropy_mae_bits", "entropy_mae_seq_bits", "kl_bits", "excess_ce_bits"):
+        assert abs(m[key]) < 1e-12, (key, m[key])
+    assert len(m["per_position"]) == V - 1                        # the values only
+    assert m["query"]["kl_bits"] == pytest.approx(1.0, abs=1e-12) and m["query"]["accuracy"] == 1.0
+    q[:, -1] = np.roll(batch["posterior"][:, -1], 1, axis=-1) * 0.9 + 0.1 / V   # the argmax is now wrong
+    m, _ = train.evaluate(lambda tok: q, batch)
+    assert m["query"]["accuracy"] == 0.0 and m["query"]["kl_bits"] == pytest.approx(-np.log2(0.1 / V))

@@ -146,6 +146,79 @@ def test_bijection_batch_bad_arguments():
 
 
 # ----------------------------------------------------------------------------
+# sawtooth (Paper I's format b)
+
+
+@pytest.mark.parametrize("alphabet", [None, 3])
+def test_sawtooth_batch_matches_reference(alphabet):
+    rng = np.random.default_rng(5)
+    V, L, n = 6, 9, 40
+    batch = wt.sawtooth_batch(rng, n, V=V, L=L, alphabet=alphabet)
+    tokens, targets, mask, post = batch["tokens"], batch["targets"], batch["mask"], batch["posterior"]
+    assert tokens.shape == targets.shape == mask.shape == batch["query_mask"].shape == (n, 2 * L + 1)
+    assert tokens.max() < V                                   # one shared vocabulary for keys and values
+    keys, values, query = tokens[:, 0:2 * L:2], tokens[:, 1:2 * L:2], tokens[:, -1]
+    expected_mask = np.zeros(2 * L + 1)
+    expected_mask[0:2 * L:2], expected_mask[-1] = 1, 1       # every key predicts its value; the query too
+    assert np.all(mask == expected_mask) and np.all(batch["query_mask"] == np.eye(2 * L + 1)[-1])
+    for b in range(n):
+        np.testing.assert_allclose(post[b, 0:2 * L:2], wt.bijection_posterior(keys[b], values[b], V), atol=1e-12)
+        assert query[b] in keys[b]                           # the query repeats a context key ...
+        answer = values[b][list(keys[b]).index(query[b])]
+        assert targets[b, -1] == answer and post[b, -1, answer] == 1.0   # ... so its posterior is one-hot
+        np.testing.assert_array_equal(targets[b, 0:2 * L:2], values[b])
+        if alphabet:
+            assert len(set(keys[b])) <= alphabet
+
+
+def test_distinct_keys_distribution_by_hand():
+    # 3 keys, 3 draws: 3 of the 27 sequences use 1 key, 3 * (2^3 - 2) = 18 use 2, 3! = 6 use all 3
+    np.testing.assert_allclose(wt.distinct_keys_distribution(3, 3), [0, 3 / 27, 18 / 27, 6 / 27])
+    np.testing.assert_allclose(wt.distinct_keys_distribution(3, 0), [1, 0, 0, 0])
+
+
+def test_sawtooth_entropy_curve_and_prior_gap_by_hand():
+    # V = 3: key 1 is new, H = log2 3; key 2 is new with probability 2/3, then H = log2 2 = 1;
+    # key 3: one distinct key before (prob 1/3) and new (2/3) gives H = 1, two before gives H = log2 1 = 0
+    np.testing.assert_allclose(wt.sawtooth_entropy_curve(3, 3), [np.log2(3), 2 / 3, 2 / 9])
+    # the prior's gap over the L = V - 1 = 2 value positions (the query, H = 0, is not among them):
+    # mean(log2 3 - log2 3, log2 3 - 2/3) = 0.4591; with the query it would be 0.8340, in nats 0.3182
+    assert wt.prior_gap_bits("sawtooth", V=3) == pytest.approx((np.log2(3) - 2 / 3) / 2, abs=1e-12)
+    assert wt.prior_gap_bits("sawtooth", V=3) == pytest.approx(0.459148, abs=1e-6)
+    # format a, V = 3: H = log2 3, log2 2 at the two keys, gap = (log2 3 - 1) / 2
+    assert wt.prior_gap_bits("bijection", V=3) == pytest.approx((np.log2(3) - 1) / 2, abs=1e-12)
+    assert wt.prior_gap_bits("bijection") == pytest.approx(1.1073, abs=1e-4)      # the paper's V = 20
+    assert wt.prior_gap_bits("sawtooth") == pytest.approx(1.8490, abs=1e-4)       # the paper's "1.85"
+
+
+def test_sawtooth_entropy_curve_matches_sampled_sequences():
+    batch = wt.sawtooth_batch(np.random.default_rng(6), 20000, V=8, L=12)
+    H = wt.entropy_bits(batch["posterior"][:, 0:24:2]).mean(0)   # (L,)
+    np.testing.assert_allclose(H, wt.sawtooth_entropy_curve(8, 12), atol=0.03)
+
+
+def test_hmm_prior_gap_is_the_mean_kl_to_uniform():
+    """log2 5 - H(p) = KL(p || uniform): two routes to the same Monte Carlo number, which also stays put
+    between seeds (standard error about 1e-3 bits at 100,000 HMMs, 3e-3 at 20,000)."""
+    gap = wt.prior_gap_bits("hmm", K=20, n=20000, seed=3)
+    batch = wt.hmm_batch(np.random.default_rng(3), 10000, 20)
+    post = batch["posterior"][:, wt.HMM_HEADER:]
+    kl = wt.kl_bits(post, np.full(5, 0.2)).mean()
+    assert abs(gap - kl) < 0.01 and abs(gap - wt.prior_gap_bits("hmm", K=20, n=20000, seed=4)) < 0.01
+    assert 0.40 < gap < 0.44                                  # the authors' MLP and LSTM: 0.416
+
+
+def test_sawtooth_bad_arguments():
+    rng = np.random.default_rng(0)
+    with pytest.raises(ValueError, match="alphabet must lie in 1..5, got 6"):
+        wt.sawtooth_batch(rng, 2, V=5, alphabet=6)
+    with pytest.raises(ValueError, match="V must be >= 2, got 1"):
+        wt.sawtooth_batch(rng, 2, V=1)
+    with pytest.raises(ValueError, match="task 'copy': allowed are bijection, sawtooth, hmm"):
+        wt.prior_gap_bits("copy")
+
+
+# ----------------------------------------------------------------------------
 # HMM
 
 
@@ -321,6 +394,20 @@ def test_sticky_transition():
         wt.sticky_transition(1)
     with pytest.raises(ValueError, match="self_prob must be in"):
         wt.sticky_transition(8, 1.5)
+
+
+def test_sticky_authors_self_prob():
+    # by hand for 8 symbols: distances 1, 1, 2, 2, 3, 3, 4 sum to 47/12 in reciprocal, S = 0.3 + 47/12,
+    # P[i, i] = 0.3 + 0.3 * 0.7 / S = 0.349802
+    assert wt.sticky_authors_self_prob(8, 0.3) == pytest.approx(0.3 + 0.21 / (0.3 + 47 / 12), abs=1e-15)
+    assert wt.sticky_authors_self_prob(8, 0.3) == pytest.approx(0.349802, abs=1e-6)
+    # the same row built the authors' way: 0.3 on the diagonal, 1 / distance elsewhere, normalised, scaled
+    # by 0.7, plus 0.3 on the diagonal
+    row = np.array([0.3] + [1 / min(j, 8 - j) for j in range(1, 8)])
+    row = row / row.sum() * 0.7 + np.eye(8)[0] * 0.3
+    np.testing.assert_allclose(wt.sticky_transition(8, wt.sticky_authors_self_prob())[0], row, atol=1e-15)
+    assert wt.sticky_conditional_entropy_bits(wt.sticky_transition(8, wt.sticky_authors_self_prob())) == \
+        pytest.approx(2.639, abs=1e-3)                      # the authors' bound, against 2.717 at exactly 0.3
 
 
 def test_sticky_conditional_entropy_non_uniform_stationary():

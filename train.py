@@ -50,6 +50,14 @@ PRESETS = {
         "paper":   dict(width=64, layers=3, heads=4, batch=16, steps=130000, lr=3e-3, warmup=400, lr_floor=0.0,
                         weight_decay=0.0, threads=1),
     },
+    "sawtooth": {   # provisional: under study
+        "quick":   dict(width=32, layers=2, heads=2, batch=32, steps=60, lr=3e-3, warmup=10, curriculum="5:30",
+                        init="fan-in"),
+        "default": dict(width=64, layers=3, heads=2, batch=64, steps=5000, lr=3e-3, warmup=100,
+                        curriculum="5:2500", init="fan-in"),
+        "paper":   dict(width=64, layers=3, heads=2, batch=64, steps=20000, lr=3e-3, warmup=100,
+                        curriculum="5:2500", init="fan-in"),
+    },
     "hmm": {
         "quick":   dict(width=32, layers=2, heads=2, batch=16, steps=40, lr=3e-3, warmup=10),
         "default": dict(width=64, layers=4, heads=4, batch=32, steps=3000, lr=2e-3, warmup=100),
@@ -59,6 +67,18 @@ PRESETS = {
 WEIGHT_DECAY = 0.01
 GRAD_CLIP = 1.0
 BETAS = (0.9, 0.98)
+
+
+TASKS = ("bijection", "sawtooth", "hmm", "sticky")
+MODELS = ("transformer", "mlp", "prefix-mlp")   # mlp: the authors' (token + position); prefix-mlp: whole prefix
+
+
+def checkpoint_name(model):
+    return "checkpoint.npz" if model == "transformer" else f"{model}.npz"
+
+
+def metrics_name(model):
+    return "metrics.json" if model == "transformer" else f"metrics_{model}.json"
 
 
 def fail(msg):
@@ -75,16 +95,47 @@ def eval_lengths(K):
     return [K] + [k for k in HMM_EVAL_K if k > K]
 
 
-def task_spec(task, V=V, K=HMM_K, replacement=False, soft=False):
-    """-> dict(vocab, classes, max_len, eval_len, soft, batch(rng, n) -> wind-tunnel batch dict)."""
-    if task == "bijection":
-        L = V - 1
+def parse_curriculum(text, V):
+    """"A:S,A2:S2,..." -> [(S, A), ...]: keys from A-key alphabets before step S, then A2 before S2, ...;
+    after the last stage, the task itself (all V keys). "" or None -> []."""
+    stages = []
+    for part in (text or "").split(","):
+        if not part.strip():
+            continue
+        try:
+            A, S = (int(x) for x in part.split(":"))
+        except ValueError:
+            raise ValueError(f"--curriculum {text!r}: expected stages alphabet:until_step, e.g. 5:2500,10:4000")
+        if not 1 <= A <= V or S < 1 or (stages and S <= stages[-1][0]):
+            raise ValueError(f"--curriculum {text!r}: each alphabet must lie in 1..{V} and the steps must increase")
+        stages.append((S, A))
+    return stages
+
+
+def curriculum_alphabet(stages, step):
+    """The key alphabet at this step (None: all keys, the task itself)."""
+    for until, A in stages:
+        if step is not None and step < until:
+            return A
+    return None
+
+
+def task_spec(task, V=V, K=HMM_K, soft=False, curriculum=None):
+    """-> dict(vocab, classes, max_len, eval_len, soft, batch(rng, n, step=None) -> wind-tunnel batch dict).
+    The training loop passes step (the sawtooth's curriculum reads it); evaluation never does, and sees the task."""
+    L = V - 1
+    if task == "bijection":                       # format (a): separate vocabularies, keys without replacement
         return dict(vocab=2 * V, classes=V, max_len=2 * L, eval_len=2 * L, soft=soft,
-                    batch=lambda rng, n: wt.bijection_batch(rng, n, V, replacement=replacement))
+                    batch=lambda rng, n, step=None: wt.bijection_batch(rng, n, V))
+    if task == "sawtooth":                        # format (b): shared vocabulary, with replacement, a query
+        stages = parse_curriculum(curriculum, V)
+        return dict(vocab=V, classes=V, max_len=2 * L + 1, eval_len=2 * L + 1, soft=soft,
+                    batch=lambda rng, n, step=None: wt.sawtooth_batch(
+                        rng, n, V, alphabet=curriculum_alphabet(stages, step)))
     if task == "hmm":
         return dict(vocab=wt.HMM_VOCAB, classes=wt.HMM_S, max_len=wt.HMM_HEADER + K,
                     eval_len=wt.HMM_HEADER + max(eval_lengths(K)), soft=soft,
-                    batch=lambda rng, n: wt.hmm_batch(rng, n, K))
+                    batch=lambda rng, n, step=None: wt.hmm_batch(rng, n, K))
     raise ValueError(f"unknown task {task!r}")
 
 
@@ -107,27 +158,32 @@ def bayes_loss_bits(batch, soft=False):
 # evaluation in bits
 
 def evaluate(predict, batch):
-    """predict(tokens) -> (n, Tlen, K) probabilities. Metrics of the model against the exact posterior.
+    """predict(tokens) -> (n, Tlen, K) probabilities. Metrics of the model against the exact posterior,
+    over the positions the paper's entropy curve covers (every supervised position but a final query).
 
     entropy_mae_bits       the papers' metric: average H over sequences per position first,
                            then mean over positions of |H_model - H_bayes|
     entropy_mae_seq_bits   mean over sequences and positions of |H_model - H_bayes|
-    kl_bits                mean KL(posterior || model) per supervised position
+    kl_bits                mean KL(posterior || model) per position
     excess_ce_bits         cross-entropy of the sampled targets under the model minus under the posterior
     impossible_mass        mean model probability on answers the posterior rules out (p = 0): on the
-                           bijection, values already seen (with replacement, once a key repeats, all
+                           bijection, values already seen (on the sawtooth, once a key repeats, all
                            values but its own). Not in bits: a probability. Each 1e-3 of it
                            raises the entropy by about 1e-3 * log2(#ruled out / 1e-3) bits.
+    query                  sawtooth only: at the final query (posterior one-hot) the KL, which is the
+                           cross-entropy -log2 q(answer), and the accuracy of the most probable value
     """
     q = predict(batch["tokens"])                                    # (n, Tlen, K)
     cols = np.flatnonzero(batch["mask"][0] > 0)                     # supervised positions (same in every row)
     assert np.all(batch["mask"][:, cols] > 0)
-    post, q = batch["posterior"][:, cols], q[:, cols]               # (n, P, K)
-    h_model, h_bayes = wt.entropy_bits(q), wt.entropy_bits(post)    # (n, P)
-    kl = wt.kl_bits(post, q)                                        # (n, P)
-    impossible = np.where(post == 0, q, 0.0).sum(-1)                # (n, P) mass on ruled-out answers
+    query = np.flatnonzero(batch["query_mask"][0] > 0) if "query_mask" in batch else np.array([], int)
+    cols = np.setdiff1d(cols, query)                                # the paper's curve: the values, not the query
+    post, qc = batch["posterior"][:, cols], q[:, cols]              # (n, P, K)
+    h_model, h_bayes = wt.entropy_bits(qc), wt.entropy_bits(post)   # (n, P)
+    kl = wt.kl_bits(post, qc)                                       # (n, P)
+    impossible = np.where(post == 0, qc, 0.0).sum(-1)               # (n, P) mass on ruled-out answers
     y = batch["targets"][:, cols][..., None]
-    ce_model = -np.log2(np.maximum(np.take_along_axis(q, y, -1)[..., 0], wt.TINY))
+    ce_model = -np.log2(np.maximum(np.take_along_axis(qc, y, -1)[..., 0], wt.TINY))
     ce_bayes = -np.log2(np.take_along_axis(post, y, -1)[..., 0])
     per_position = [dict(position=int(i + 1), H_model=float(h_model[:, i].mean()),
                          H_bayes=float(h_bayes[:, i].mean()), kl=float(kl[:, i].mean()),
@@ -140,6 +196,10 @@ def evaluate(predict, batch):
         excess_ce_bits=float(ce_model.mean() - ce_bayes.mean()),
         impossible_mass=float(impossible.mean()),
         per_position=per_position)
+    if len(query):
+        qq, answer = q[:, query[0]], batch["targets"][:, query[0]]  # (n, K), (n,)
+        metrics["query"] = dict(kl_bits=float(wt.kl_bits(batch["posterior"][:, query[0]], qq).mean()),
+                                accuracy=float((qq.argmax(-1) == answer).mean()))
     traces = dict(h_model=h_model[:8], h_bayes=h_bayes[:8])       # single sequences for the trace figure
     return metrics, traces
 
@@ -147,15 +207,17 @@ def evaluate(predict, batch):
 def eval_batch(args, K=None):
     """Held-out sequences: a generator seeded apart from every training batch."""
     K, n = K or args.K, args.eval_seqs
-    spec = task_spec(args.task, V=args.V, K=K, replacement=args.replacement)
+    spec = task_spec(args.task, V=args.V, K=K)
     return spec["batch"](np.random.default_rng((EVAL_SEED, args.seed, K)), n)
 
 
 # ----------------------------------------------------------------------------
 # training
 
-def log_spaced_steps(steps, n):
-    return sorted({int(round(s)) for s in np.geomspace(1, steps, n)} | {steps})
+def log_spaced_steps(steps, n, first=100):
+    """n snapshot steps, log-spaced from `first` (the frame-precision probe starts near step 100; a run of
+    fewer than 1,000 steps starts at a tenth of its length) to steps."""
+    return sorted({int(round(s)) for s in np.geomspace(max(1, min(first, steps // 10)), steps, n)} | {steps})
 
 
 def train(model, params, cfg, spec, args, run_dir, opt_state=None, start=0, log_name="log.csv"):
@@ -194,13 +256,13 @@ def train(model, params, cfg, spec, args, run_dir, opt_state=None, start=0, log_
                disable=args.quiet, dynamic_ncols=True, mininterval=1.0)
     try:
         for step in bar:
-            batch = spec["batch"](np.random.default_rng((args.seed, step)), args.batch)
+            batch = spec["batch"](np.random.default_rng((args.seed, step)), args.batch, step)
             with np.errstate(over="ignore", invalid="ignore"):        # the guard below reports it
                 loss, grads = loss_and_grads(params, batch["tokens"], targets_of(batch, spec["soft"]), batch["mask"])
                 norm = ba.clip_grad_norm(grads, GRAD_CLIP)
             if not (math.isfinite(loss) and math.isfinite(norm)):
                 bar.close()
-                ckpt = os.path.join(run_dir, "checkpoint.npz" if args.model == "transformer" else "mlp.npz")
+                ckpt = os.path.join(run_dir, checkpoint_name(args.model))
                 kept = (f"the last good checkpoint stays in {ckpt}" if os.path.exists(ckpt)
                         else "no checkpoint had been written yet")
                 fail(f"step {step + 1}: the loss ({loss}) or the gradient norm ({norm}) is not finite; "
@@ -238,12 +300,12 @@ def train(model, params, cfg, spec, args, run_dir, opt_state=None, start=0, log_
 def run_meta(args, step, seconds=0.0):
     return dict(seconds=round(seconds, 2), task=args.task, model=args.model, step=step, steps=args.steps, seed=args.seed,
                 batch=args.batch, lr=args.lr, warmup=args.warmup, lr_floor=args.lr_floor,
-                weight_decay=args.weight_decay, soft=args.soft, replacement=args.replacement, preset=args.preset,
-                threads=args.threads, V=args.V, K=args.K, pos=args.pos, dtype=args.dtype)
+                weight_decay=args.weight_decay, soft=args.soft, curriculum=args.curriculum, preset=args.preset,
+                threads=args.threads, V=args.V, K=args.K, pos=args.pos, init=args.init, dtype=args.dtype)
 
 
 def save_run_checkpoint(run_dir, params, cfg, args, step, opt_state, seconds):
-    ba.save_checkpoint(os.path.join(run_dir, "checkpoint.npz" if args.model == "transformer" else "mlp.npz"),
+    ba.save_checkpoint(os.path.join(run_dir, checkpoint_name(args.model)),
                        params, cfg, run_meta(args, step, seconds), opt_state)
 
 
@@ -267,12 +329,13 @@ def make_transformer(args, spec, params=None, cfg=None):
     return model, params, cfg
 
 
-def make_mlp(args, spec, target_params, params=None, mcfg=None):
+def make_mlp(args, spec, target_params, params=None, mcfg=None, inputs="token"):
+    """inputs "token": the authors' MLP (--model mlp); "prefix": the whole-prefix MLP (--model prefix-mlp)."""
     import mlp_baseline as mb
     if mcfg is None:
-        # the prefix grid covers the longest evaluated sequence; slots past training stay untrained
-        mcfg = mb.match_width(spec["vocab"], spec["classes"], spec["eval_len"], args.layers, target_params)
-        mcfg.dtype = args.dtype
+        # positions (or prefix slots) cover the longest evaluated sequence; those past training stay untrained
+        mcfg = mb.match_width(spec["vocab"], spec["classes"], spec["eval_len"], args.layers, target_params,
+                              dtype=args.dtype, inputs=inputs)
     params = params if params is not None else mb.mlp_init_params(mcfg, args.seed)
     model = (lambda p, tok, tgt, m: mb.mlp_loss_and_grads(p, tok, tgt, m, mcfg),
              lambda p, tok: mb.mlp_predict_proba(p, tok, mcfg))
@@ -354,8 +417,11 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.error = fail
-    p.add_argument("--task", default=TASK, help="wind tunnel: bijection | hmm | sticky")
-    p.add_argument("--model", default="transformer", help="transformer | mlp")
+    p.add_argument("--task", default=TASK, help="wind tunnel: bijection (format a) | sawtooth (format b, "
+                   "Paper I's variant) | hmm | sticky (Paper II)")
+    p.add_argument("--model", default="transformer", help="transformer | mlp (the authors' MLP: one token and its "
+                   "position) | prefix-mlp (an MLP that sees the whole prefix)")
+    p.add_argument("--baseline", default="mlp", help="the MLP trained after the transformer: mlp | prefix-mlp")
     p.add_argument("--preset", default="default", help="quick | default | paper (sets the sizes below)")
     p.add_argument("--steps", type=int, help="training steps (default: from the preset)")
     p.add_argument("--batch", type=int, help="sequences per step")
@@ -373,9 +439,13 @@ def parse_args(argv=None):
     p.add_argument("--pos", default="learned", help="positions: learned | sinusoidal")
     p.add_argument("--soft", action="store_true", help="train on the exact posterior (soft targets) instead of "
                                                        "sampled labels (values, hidden states)")
-    p.add_argument("--replacement", action="store_true", help="bijection: keys drawn with replacement")
-    p.add_argument("--V", type=int, default=V, help="bijection: number of keys (= values); L = V - 1 pairs")
-    p.add_argument("--K", type=int, default=HMM_K, help="hmm: observations per training sequence")
+    p.add_argument("--V", type=int, help=f"bijection, sawtooth: number of keys (= values), L = V - 1 pairs "
+                   f"(default {V})")
+    p.add_argument("--K", type=int, help=f"hmm: observations per training sequence (default {HMM_K})")
+    p.add_argument("--curriculum", help="sawtooth: keys from smaller random alphabets first, stages "
+                   "alphabet:until_step (e.g. 5:2500,10:4000); the targets stay exact (default: from the preset)")
+    p.add_argument("--init", help="initialisation: gpt2 (N(0, 0.02)) | fan-in (N(0, 1/fan_in) matrices, "
+                   "N(0, 1) embeddings) (default: from the preset)")
     p.add_argument("--stop-after", type=int, metavar="N",
                    help="stop after N steps with a checkpoint, as Ctrl-C would (continue with --resume)")
     p.add_argument("--out", help="run directory (default runs/<task>-<model>-<preset>)")
@@ -386,24 +456,46 @@ def parse_args(argv=None):
     p.add_argument("--eval-seqs", type=int, default=EVAL_SEQS, help="held-out sequences for evaluation")
     p.add_argument("--compare-em", action="store_true", help="sticky: SGD against the EM-like schedule and "
                                                              "the true M-step over 5 seeds (figures/em_vs_sgd.png)")
+    p.add_argument("--chain", help="sticky: exact (self-transition 0.3, the default) | authors (0.3498, as the "
+                   "authors' script builds it)")
+    p.add_argument("--deep", action="store_true", help="sticky: the authors' deep variant (4 pre-LN blocks, AdamW, "
+                                                       "a held-out chain), 5 seeds (figures/deep_variant.json)")
     p.add_argument("--no-geometry", action="store_true", help="skip the geometry probes (manifold.py) after training")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
-    if args.task not in ("bijection", "hmm", "sticky"):
-        fail(f"--task {args.task!r}: allowed are bijection, hmm, sticky")
-    if args.model not in ("transformer", "mlp"):
-        fail(f"--model {args.model!r}: allowed are transformer, mlp")
+    if args.task not in TASKS:
+        fail(f"--task {args.task!r}: allowed are {', '.join(TASKS)}")
+    if args.model not in MODELS:
+        fail(f"--model {args.model!r}: allowed are {', '.join(MODELS)}")
+    if args.baseline not in MODELS[1:]:
+        fail(f"--baseline {args.baseline!r}: allowed are {', '.join(MODELS[1:])}")
+    misplaced = [(flag, tasks) for flag, given, tasks in (
+        ("--V", args.V is not None, ("bijection", "sawtooth")), ("--K", args.K is not None, ("hmm",)),
+        ("--curriculum", args.curriculum is not None, ("sawtooth",)), ("--chain", args.chain is not None, ("sticky",)),
+        ("--deep", args.deep, ("sticky",)))
+        if given and args.task not in tasks]
+    if misplaced:
+        flag, tasks = misplaced[0]
+        fail(f"{flag} does not apply to --task {args.task} (it belongs to {' and '.join(tasks)})")
+    args.V = V if args.V is None else args.V
+    args.K = HMM_K if args.K is None else args.K
     if args.task == "sticky":                       # Paper II's one-head model: dynamics.py owns its settings
         ignored = [flag for flag, given in (
             ("--model", args.model != "transformer"), ("--preset", args.preset != "default"),
             ("--resume", args.resume), ("--eval-only", args.eval_only), ("--batch", args.batch),
             ("--width", args.width), ("--layers", args.layers), ("--heads", args.heads),
-            ("--dtype", args.dtype != "float32"), ("--soft", args.soft), ("--replacement", args.replacement),
+            ("--dtype", args.dtype != "float32"), ("--soft", args.soft), ("--init", args.init is not None),
+            ("--baseline", args.baseline != "mlp"), ("--no-baseline", args.no_baseline),
             ("--lr-floor", args.lr_floor is not None), ("--weight-decay", args.weight_decay is not None))
             if given]
         if ignored:
             fail(f"{', '.join(ignored)}: not used by --task sticky (allowed: --steps, --lr, --seed, --out, "
-                 f"--figures, --compare-em, --threads)")
+                 f"--figures, --compare-em, --deep, --chain, --threads)")
+        args.chain = args.chain or "exact"
+        if args.chain not in ("exact", "authors"):
+            fail(f"--chain {args.chain!r}: allowed are exact, authors")
+        if args.compare_em and args.deep:
+            fail("--compare-em and --deep are two experiments: run them one at a time")
     if args.task != "sticky":
         if args.preset not in PRESETS[args.task]:
             fail(f"--preset {args.preset!r}: allowed are {', '.join(PRESETS[args.task])}")
@@ -412,6 +504,15 @@ def parse_args(argv=None):
                 setattr(args, key, value)
     if args.lr_floor is None:
         args.lr_floor = 0.1
+    args.init = args.init or "gpt2"
+    if args.init not in ba.INITS:
+        fail(f"--init {args.init!r}: allowed are {', '.join(ba.INITS)}")
+    if args.task == "sawtooth":
+        try:
+            parse_curriculum(args.curriculum, args.V)
+        except ValueError as e:
+            fail(str(e))
+    args.curriculum = args.curriculum or ""
     if not 0.0 <= args.lr_floor <= 1.0:
         fail(f"--lr-floor {args.lr_floor}: must lie in [0, 1] (a fraction of --lr)")
     if args.weight_decay is None:
@@ -447,7 +548,9 @@ def parse_args(argv=None):
     return args
 
 
-def summary_table(rows):
+def summary_table(rows, prior_gap=None):
+    """The models' metrics, then the exact posterior's (0) and a prior-only predictor's: its entropy MAE,
+    per-sequence MAE and KL all equal the prior's gap, log2(#classes) - E[H_Bayes] (windtunnels.prior_gap_bits)."""
     head = (f"{'model':<14}{'params':>10}{'entropy MAE':>13}{'per-seq MAE':>13}{'KL':>11}{'excess CE':>11}"
             f"{'p(impossible)':>15}")
     lines = [head, "-" * len(head)]
@@ -455,7 +558,17 @@ def summary_table(rows):
         lines.append(f"{name:<14}{m.get('params', 0):>10,}{m['entropy_mae_bits']:>13.4g}"
                      f"{m['entropy_mae_seq_bits']:>13.4g}{m['kl_bits']:>11.4g}{m['excess_ce_bits']:>11.4g}"
                      f"{m.get('impossible_mass', float('nan')):>15.3g}")
+    if prior_gap is not None:
+        lines.append(f"{'prior only':<14}{'':>10}{prior_gap:>13.4g}{prior_gap:>13.4g}{prior_gap:>11.4g}")
     lines.append(f"{'exact Bayes':<14}{'':>10}{0:>13}{0:>13}{0:>11}{0:>11}{0:>15}   (bits; p: a probability)")
+    for name, m in rows.items():
+        if "query" in m:
+            lines.append(f"{name} at the final query (one-hot posterior): KL {m['query']['kl_bits']:.4g} bits, "
+                         f"accuracy {m['query']['accuracy']:.4f}")
+        if "length_generalization_all" in m:
+            lines.append(f"{name}, HMM by length K (bits): " + "; ".join(
+                f"K = {K}: KL {g['kl_bits']:.4g}, entropy MAE (paper) {g['entropy_mae_bits']:.4g}, "
+                f"per-seq MAE {g['entropy_mae_seq_bits']:.4g}" for K, g in m["length_generalization_all"].items()))
     return "\n".join(lines)
 
 
@@ -467,8 +580,16 @@ def evaluate_run(args, predict, params, cfg_like):
         for K in eval_lengths(args.K)[1:]:
             curves[K], _ = evaluate(lambda tok: predict(params, tok), eval_batch(args, K=K))
         metrics["length_generalization"] = {str(K): m["kl_bits"] for K, m in curves.items()}
+        metrics["length_generalization_all"] = {
+            str(K): {key: m[key] for key in ("kl_bits", "entropy_mae_bits", "entropy_mae_seq_bits")}
+            for K, m in curves.items()}
         metrics["length_generalization_curves"] = {str(K): m["per_position"] for K, m in curves.items()}
     return metrics, traces
+
+
+def prior_gap(args):
+    """The task's prior gap in bits (what the authors' MLP can reach at best)."""
+    return wt.prior_gap_bits(args.task, V=args.V, K=args.K)
 
 
 def main(argv=None):
@@ -487,39 +608,44 @@ def main(argv=None):
     if args.task == "sticky":
         import dynamics
         if args.compare_em:                          # SGD vs EM-like vs true M-step, 5 seeds (minutes)
-            dynamics.compare_em(steps=args.steps or 1000, fig_dir=args.figures)
+            dynamics.compare_em(steps=args.steps or 1000, fig_dir=args.figures, chain=args.chain)
             return None
+        if args.deep:                                # the authors' deep variant, 5 seeds (an hour)
+            return dynamics.run_deep(args.chain, args.steps or 1000, args.figures)
         metrics = dynamics.run_sticky(steps=args.steps or 1000, seed=args.seed, lr=args.lr or 0.01,
-                                      fig_dir=args.figures, out_dir=args.out)
+                                      fig_dir=args.figures, out_dir=args.out, chain=args.chain)
         print(json.dumps({k: v for k, v in metrics.items() if not isinstance(v, (list, dict))}, indent=1))
         return metrics
-    spec = task_spec(args.task, V=args.V, K=args.K, replacement=args.replacement, soft=args.soft)
+    spec = task_spec(args.task, V=args.V, K=args.K, soft=args.soft, curriculum=args.curriculum)
     results = {}
     run_name = os.path.basename(os.path.normpath(args.out))    # figures are named after the run
+    gap = prior_gap(args)                                       # the authors' MLP can reach this at best
 
-    # the transformer, then (unless --no-baseline) the capacity-matched MLP
+    # the model (a transformer unless --model says otherwise), then the baseline MLP (unless --no-baseline)
     resumed = load_for_resume(args) if args.resume else None     # (params, cfg, opt_state, step)
     t_state = resumed if resumed and args.model == "transformer" else (None, None, None, 0)
     model, params, cfg = make_transformer(args, spec, t_state[0], t_state[1])
-    n_params = ba.count_params(make_transformer(args, spec)[1]) if args.model == "mlp" else ba.count_params(params)
+    n_params = ba.count_params(params)                           # the MLPs match the transformer's size
     runs = [("transformer", model, params, cfg, t_state[2], t_state[3])] if args.model == "transformer" else []
-    if args.model == "mlp" or not args.no_baseline:
-        m_state = resumed if resumed and args.model == "mlp" else (None, None, None, 0)
-        if args.resume and args.model == "transformer" and os.path.exists(os.path.join(args.out, "mlp.npz")):
-            m_state = load_for_resume(argparse.Namespace(**{**vars(args), "model": "mlp"}))  # baseline resumes too
+    mlps = [args.model] if args.model != "transformer" else [] if args.no_baseline else [args.baseline]
+    for name in mlps:
+        m_state = resumed if resumed and args.model == name else (None, None, None, 0)
+        if args.resume and args.model == "transformer" and os.path.exists(os.path.join(args.out, checkpoint_name(name))):
+            m_state = load_for_resume(argparse.Namespace(**{**vars(args), "model": name}))  # baseline resumes too
         try:
-            mlp_model, mlp_params, mcfg = make_mlp(args, spec, n_params, m_state[0], m_state[1])
-            runs.append(("mlp", mlp_model, mlp_params, mcfg, m_state[2], m_state[3]))
+            mlp_model, mlp_params, mcfg = make_mlp(args, spec, n_params, m_state[0], m_state[1],
+                                                   inputs="token" if name == "mlp" else "prefix")
+            runs.append((name, mlp_model, mlp_params, mcfg, m_state[2], m_state[3]))
         except ValueError as e:                      # too small a transformer to match
-            if args.model == "mlp":
-                fail(f"MLP baseline: {e}")
-            print(f"MLP baseline skipped: {e}")
+            if args.model == name:
+                fail(f"--model {name}: {e}")
+            print(f"{name} baseline skipped: {e}")
     print(f"{args.task}: {n_params:,} transformer parameters, {args.steps} steps of batch {args.batch}, "
           f"{'soft posterior' if spec['soft'] else 'sampled'} targets, run dir {args.out}")
     for name, mdl, prm, c, opt_state, start in runs:
         model_args = argparse.Namespace(**{**vars(args), "model": name})
         prm, _, step, seconds = train(mdl, prm, c, spec, model_args, args.out, opt_state=opt_state,
-                                      start=start, log_name="log.csv" if name == "transformer" else "log_mlp.csv")
+                                      start=start, log_name="log.csv" if name == "transformer" else f"log_{name}.csv")
         if step < args.steps:
             print(f"stopped at step {step} of {args.steps} (--stop-after); continue with "
                   f"python train.py --resume --out {args.out} and the same flags, without --stop-after")
@@ -527,8 +653,8 @@ def main(argv=None):
         metrics, traces = evaluate_run(args, mdl[1], prm, c)
         metrics = dict(task=args.task, model=name, params=ba.count_params(prm), steps=step,
                        seconds=round(seconds, 1), targets="soft" if spec["soft"] else "sampled",
-                       config=c.to_dict(), **metrics)
-        with open(os.path.join(args.out, "metrics.json" if name == "transformer" else "metrics_mlp.json"), "w") as f:
+                       prior_gap_bits=gap, config=c.to_dict(), **metrics)
+        with open(os.path.join(args.out, metrics_name(name)), "w") as f:
             json.dump(metrics, f, indent=1)
         results[name] = metrics
         if name == "transformer":
@@ -537,7 +663,7 @@ def main(argv=None):
                 plot_length_generalization(length_curves(metrics),
                                            os.path.join(args.figures, f"{run_name}_length_generalization.png"))
     plot_calibration(results, args.task, os.path.join(args.figures, f"{run_name}_calibration.png"))
-    print(summary_table(results))
+    print(summary_table(results, gap))
     if "transformer" in results and not args.no_geometry:
         import manifold                                  # the geometry probes, into runs/<name>/geometry.json
         manifold.analyze(os.path.join(args.out, "checkpoint.npz"), fig_dir=args.figures)
@@ -550,7 +676,7 @@ def main(argv=None):
 
 def load_for_resume(args):
     """-> (params, cfg, opt_state, step) of the run in --out, after checking it is the same run."""
-    path = os.path.join(args.out, "checkpoint.npz" if args.model == "transformer" else "mlp.npz")
+    path = os.path.join(args.out, checkpoint_name(args.model))
     try:
         params, cfg, meta, opt_state = ba.load_checkpoint(path)
     except ValueError as e:
@@ -558,9 +684,10 @@ def load_for_resume(args):
     want = run_meta(args, meta.get("step", 0))
     # threads too: the split products' partial sums depend on it, and a resume is bit-identical only at the same
     for key in ("task", "model", "seed", "batch", "steps", "lr", "warmup", "lr_floor", "weight_decay", "threads",
-                "soft", "replacement", "V", "K", "pos", "dtype"):
+                "soft", "curriculum", "V", "K", "pos", "init", "dtype"):
         # runs older than --lr-floor used 0.1, older than --weight-decay 0.01; older than --threads: not checked
-        have = meta.get(key, {"lr_floor": 0.1, "weight_decay": WEIGHT_DECAY, "threads": want["threads"]}.get(key))
+        have = meta.get(key, {"lr_floor": 0.1, "weight_decay": WEIGHT_DECAY, "threads": want["threads"],
+                              "curriculum": "", "init": "gpt2"}.get(key))
         if have != want[key]:
             fail(f"--resume: checkpoint {path!r} has {key}={have!r} but this run asks for {want[key]!r}")
     if opt_state is None:
@@ -579,24 +706,25 @@ def eval_only(args):
         fail(f"--eval-only: {e}")
     if "task" not in meta:
         fail(f"--eval-only: checkpoint {args.eval_only!r} does not say which task it was trained on")
-    for key in ("task", "replacement", "V", "K"):
+    if meta.get("replacement"):
+        fail(f"--eval-only: checkpoint {args.eval_only!r} is of the retired --replacement variant "
+             f"(separate vocabularies, keys with replacement); Paper I's variant is --task sawtooth")
+    for key in ("task", "V", "K"):
         if key in meta:
             setattr(args, key, meta[key])
-    spec = task_spec(args.task, V=args.V, K=args.K, replacement=args.replacement)
+    spec = task_spec(args.task, V=args.V, K=args.K)
     if (cfg.vocab_size, cfg.n_classes) != (spec["vocab"], spec["classes"]):
         fail(f"--eval-only: checkpoint {args.eval_only!r} has {cfg.vocab_size} tokens and {cfg.n_classes} classes, "
              f"not the {spec['vocab']} and {spec['classes']} of task {args.task}")
-    name = "transformer" if isinstance(cfg, ba.Config) else "mlp"
+    name = "transformer" if isinstance(cfg, ba.Config) else "mlp" if cfg.inputs == "token" else "prefix-mlp"
     if name == "transformer":
         model, params, cfg = make_transformer(args, spec, params, cfg)
     else:
         model, params, cfg = make_mlp(args, spec, None, params, cfg)
     metrics, _ = evaluate_run(args, model[1], params, cfg)
     metrics = dict(task=args.task, model=name, params=ba.count_params(params), **metrics)
-    print(summary_table({name: metrics}))
+    print(summary_table({name: metrics}, prior_gap(args)))
     if "length_generalization" in metrics:
-        print("length generalisation, KL in bits by K: " +
-              ", ".join(f"{K}: {kl:.4g}" for K, kl in metrics["length_generalization"].items()))
         if name == "transformer":                    # redraw the run's figure from this evaluation
             run_name = os.path.basename(os.path.dirname(os.path.abspath(args.eval_only)))
             os.makedirs(args.figures, exist_ok=True)

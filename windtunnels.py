@@ -14,7 +14,9 @@ Notation, fixed for the whole module:
     T, E  in the HMM section: transition and emission matrices, rows sum to 1
 Entropies and KL divergences are in bits. A "batch" is a dict with
     tokens (n, Tlen) int64, targets (n, Tlen) int64, mask (n, Tlen) float64,
-    posterior (n, Tlen, classes) float64 (zeros where mask == 0).
+    posterior (n, Tlen, classes) float64 (zeros where mask == 0),
+and the sawtooth's also query_mask (n, Tlen) float64, 1 at its final query (a supervised position
+the paper's entropy curve leaves out).
 """
 import numpy as np
 
@@ -169,6 +171,103 @@ def bijection_entropy_curve(V, L=None):
         raise ValueError(f"L must be in 1..{V}, got {L}")
     i = np.arange(1, L + 1)  # (L,)
     return np.log2(V - i + 1.0)
+
+
+# ----------------------------------------------------------------------------
+# Wind tunnel 1b: Paper I's sawtooth variant of the bijection
+#
+# One shared vocabulary 0..V-1 for keys and values, keys drawn WITH replacement, and a final
+# query key q drawn from the context keys:   k1 v1 k2 v2 ... kL vL q.
+# The model predicts v_i at the key k_i and pi(q) at q. Posterior at k_i: one-hot if k_i
+# appeared before (its value is known), else uniform over the V - m values the m distinct earlier
+# keys have not taken; at q: one-hot. The entropy along one sequence is a sawtooth, and it is
+# not a function of the position. The posterior depends only on the pairs seen, never on how
+# the keys were drawn, so a curriculum that draws keys from a smaller alphabet (more repeats)
+# keeps every target exact.
+
+
+def sawtooth_batch(rng, n, V=20, L=None, alphabet=None):
+    """n sequences of the sawtooth bijection, Tlen = 2L + 1, with exact posteriors at every key and
+    at the query. alphabet: draw each sequence's keys from a random subset of that many keys
+    (default V: uniform over all keys)."""
+    L = V - 1 if L is None else L
+    A = V if alphabet is None else int(alphabet)
+    if V < 2:
+        raise ValueError(f"V must be >= 2, got {V}")
+    if n < 1 or L < 1:
+        raise ValueError(f"n and L must be >= 1, got n = {n}, L = {L}")
+    if not 1 <= A <= V:
+        raise ValueError(f"alphabet must lie in 1..{V}, got {alphabet}")
+    identity = np.tile(np.arange(V), (n, 1))  # (n, V)
+    perm = rng.permuted(identity, axis=1)  # (n, V) a fresh bijection per sequence
+    subset = rng.permuted(identity, axis=1)[:, :A]  # (n, A) the keys this sequence may use
+    keys = np.take_along_axis(subset, rng.integers(0, A, size=(n, L)), axis=1)  # (n, L) iid from the subset
+    values = np.take_along_axis(perm, keys, axis=1)  # (n, L)
+    rows = np.arange(n)
+    j = rng.integers(0, L, size=n)  # (n,) which context pair the query repeats
+    query, answer = keys[rows, j], values[rows, j]
+
+    Tlen = 2 * L + 1
+    tokens = np.zeros((n, Tlen), dtype=np.int64)
+    targets = np.zeros((n, Tlen), dtype=np.int64)
+    mask = np.zeros((n, Tlen))
+    posterior = np.zeros((n, Tlen, V))
+    at_key = slice(0, 2 * L, 2)
+    tokens[:, at_key], tokens[:, 1:2 * L:2], tokens[:, -1] = keys, values, query  # shared vocabulary
+    targets[:, at_key], targets[:, -1] = values, answer
+    mask[:, at_key], mask[:, -1] = 1.0, 1.0
+    posterior[:, at_key] = _bijection_posterior_batch(keys, values, V)  # (n, L, V)
+    posterior[:, -1] = np.eye(V)[answer]  # the query key was seen: one-hot
+    query_mask = np.zeros((n, Tlen))
+    query_mask[:, -1] = 1.0
+    return dict(tokens=tokens, targets=targets, mask=mask, posterior=posterior, query_mask=query_mask)
+
+
+def distinct_keys_distribution(V, n):
+    """P(m distinct keys among n iid uniform draws from V), m = 0..V: (V + 1,). By the recursion
+    P_{n+1}(m) = P_n(m) m / V + P_n(m - 1) (V - m + 1) / V, P_0 = [1, 0, ...]."""
+    p = np.zeros(V + 1)
+    p[0] = 1.0
+    m = np.arange(V + 1)
+    for _ in range(n):
+        new = p * m / V  # the draw repeats one of the m keys
+        new[1:] += p[:-1] * (V - m[1:] + 1) / V  # the draw is a new key
+        p = new
+    return p
+
+
+def sawtooth_entropy_curve(V, L=None):
+    """E[H_Bayes] at the i-th key of the sawtooth, i = 1..L, averaged over sequences: (L,).
+    With m distinct earlier keys the key is new with probability (V - m) / V, and then
+    H = log2(V - m); a repeated key has H = 0."""
+    L = V - 1 if L is None else L
+    if V < 2 or L < 1:
+        raise ValueError(f"need V >= 2 and L >= 1, got V = {V}, L = {L}")
+    m = np.arange(V + 1)
+    h_new = np.log2(np.maximum(V - m, 1))  # (V + 1,) entropy with a new key after m distinct keys
+    return np.array([distinct_keys_distribution(V, i - 1) @ ((V - m) / V * h_new) for i in range(1, L + 1)])
+
+
+def prior_gap_bits(task, V=20, K=20, n=100_000, seed=0):
+    """The paper metric of a predictor that learns only the prior (the authors' MLP, which sees one
+    token and its position): mean over the predicted positions of |H(prior) - E[H_Bayes]|, bits.
+    Per token and position the prior is uniform (every value, every state is exchangeable), so
+    H(prior) = log2(#classes). bijection (format a), sawtooth (format b, the L value positions;
+    the query is not in the paper's curve): exact. hmm: Monte Carlo over n fresh HMMs
+    (standard error about 1e-3 bits at n = 100,000)."""
+    if task == "bijection":
+        h = bijection_entropy_curve(V)
+        return float(np.mean(np.log2(V) - h))
+    if task == "sawtooth":
+        return float(np.mean(np.log2(V) - sawtooth_entropy_curve(V)))
+    if task == "hmm":
+        rng = np.random.default_rng(seed)
+        h = np.zeros(K)
+        for start in range(0, n, 10_000):  # in chunks: (10,000, 72, 5) posteriors at a time
+            b = hmm_batch(rng, min(10_000, n - start), K)
+            h += entropy_bits(b["posterior"][:, HMM_HEADER:]).sum(0)
+        return float(np.mean(np.log2(HMM_S) - h / n))
+    raise ValueError(f"task {task!r}: allowed are bijection, sawtooth, hmm")
 
 
 # ----------------------------------------------------------------------------
@@ -366,6 +465,16 @@ def sticky_transition(n_symbols=8, self_prob=0.3):
     dist = np.minimum(gap, n_symbols - gap)  # (M, M) circular distance, 0 on the diagonal
     weight = np.where(dist > 0, 1.0 / np.maximum(dist, 1), 0.0)  # (M, M) 1 / distance off the diagonal
     return (1.0 - self_prob) * weight / weight.sum(1, keepdims=True) + self_prob * np.eye(n_symbols)
+
+
+def sticky_authors_self_prob(n_symbols=8, self_prob=0.3):
+    """The self-transition of the authors' script, which normalises a row that already holds self_prob:
+    row = [self_prob on the diagonal, 1 / distance elsewhere], divided by its sum S and scaled by
+    1 - self_prob, then self_prob added on the diagonal, so P[i, i] = self_prob + self_prob (1 - self_prob) / S
+    (0.3498 for 8 symbols), the rest still proportional to 1 / distance. Use it as sticky_transition's self_prob."""
+    i = np.arange(1, n_symbols)
+    S = self_prob + np.sum(1.0 / np.minimum(i, n_symbols - i))      # the row sum before normalising
+    return float(self_prob + self_prob * (1.0 - self_prob) / S)
 
 
 def sticky_means(rng, n_symbols=8, d=20):
