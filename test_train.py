@@ -161,7 +161,10 @@ def test_presets_set_weight_decay_and_threads_unless_given():
     given = train.parse_args(["--preset", "paper", "--weight-decay", "0.01", "--batch", "256"])
     assert (given.batch, given.weight_decay) == (256, 0.01)
     default = train.parse_args([])
-    assert default.weight_decay == train.WEIGHT_DECAY and default.threads == numba.config.NUMBA_NUM_THREADS
+    assert default.weight_decay == 0.0 and default.threads == numba.config.NUMBA_NUM_THREADS
+    assert default.heads == 2 and default.width // default.heads >= 20      # head size >= the 20 hypotheses
+    hmm = train.parse_args(["--task", "hmm"])
+    assert hmm.weight_decay == train.WEIGHT_DECAY                         # a preset without it gets the global
 
 
 def test_threads_flag_sets_numbas_thread_count(tmp_path):
@@ -297,3 +300,19 @@ def test_evaluate_keeps_the_sawtooth_query_apart():
     q[:, -1] = np.roll(batch["posterior"][:, -1], 1, axis=-1) * 0.9 + 0.1 / V   # the argmax is now wrong
     m, _ = train.evaluate(lambda tok: q, batch)
     assert m["query"]["accuracy"] == 0.0 and m["query"]["kl_bits"] == pytest.approx(-np.log2(0.1 / V))
+
+
+def test_sawtooth_presets_reach_the_model(tmp_path):
+    """The preset's init and curriculum are what the run records and what the model was built with."""
+    import train
+    args = train.parse_args(["--task", "sawtooth"])
+    assert (args.init, args.curriculum, args.layers, args.heads) == ("fan-in", "5:1000", 2, 2)
+    out = tmp_path / "s"
+    assert run([*QUICK, "--task", "sawtooth", "--steps", "3", "--out", str(out)], tmp_path).returncode == 0
+    params, cfg, meta, _ = ba.load_checkpoint(str(out / "checkpoint.npz"))
+    assert cfg.init == "fan-in" and meta["init"] == "fan-in" and meta["curriculum"] == "5:30"
+    assert 0.5 < float(np.std(params["wte"])) < 2.0                 # N(0, 1) embeddings, not N(0, 0.02)
+    spec = train.task_spec("sawtooth", curriculum="5:30")
+    early, late = (spec["batch"](np.random.default_rng(0), 50, step) for step in (29, 30))
+    assert max(len(set(k)) for k in early["tokens"][:, 0:38:2]) <= 5     # 5-key alphabets before step 30
+    assert max(len(set(k)) for k in late["tokens"][:, 0:38:2]) > 5       # then the task itself
