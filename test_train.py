@@ -12,14 +12,17 @@ import numpy as np
 import pytest
 
 import bayesattn as ba
+import optim
+import checkpoints
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 QUICK = ["--preset", "quick", "--quiet", "--no-baseline", "--no-geometry", "--eval-seqs", "200"]
 
 
 def run(args, tmp_path, timeout=300):
-    return subprocess.run([sys.executable, os.path.join(HERE, "train.py"), *args,
-                           "--figures", str(tmp_path / "figures")],
+    """train.py with args in tmp_path; figures into tmp_path/figures (the sticky task draws none)."""
+    figures = [] if "sticky" in args else ["--figures", str(tmp_path / "figures")]
+    return subprocess.run([sys.executable, os.path.join(HERE, "train.py"), *args, *figures],
                           cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
 
 
@@ -98,8 +101,8 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path):
     stopped = run([*QUICK, "--steps", "16", "--out", str(b), "--stop-after", "7"], tmp_path)
     assert stopped.returncode == 0 and "stopped at step 7 of 16" in stopped.stdout
     assert run([*QUICK, "--steps", "16", "--out", str(b), "--resume"], tmp_path).returncode == 0
-    pa, _, ma, sa = ba.load_checkpoint(str(a / "checkpoint.npz"))
-    pb, _, mb, sb = ba.load_checkpoint(str(b / "checkpoint.npz"))
+    pa, _, ma, sa = checkpoints.load_checkpoint(str(a / "checkpoint.npz"))
+    pb, _, mb, sb = checkpoints.load_checkpoint(str(b / "checkpoint.npz"))
     assert ma["step"] == mb["step"] == 16 and sa["t"] == sb["t"] == 16
     for name in pa:
         assert np.array_equal(pa[name], pb[name]), name
@@ -133,7 +136,7 @@ def test_lr_floor_sets_the_end_of_the_cosine(floor, tmp_path):
     assert run([*QUICK, "--steps", "30", "--warmup", "5", "--lr", "2e-3", "--lr-floor", floor, "--out", str(out)],
                tmp_path).returncode == 0
     logged = np.loadtxt(out / "log.csv", delimiter=",", skiprows=1)[:, 3]
-    want = [ba.lr_schedule(s, 2e-3, 5, 30, min_lr=2e-3 * float(floor)) for s in range(30)]
+    want = [optim.lr_schedule(s, 2e-3, 5, 30, min_lr=2e-3 * float(floor)) for s in range(30)]
     assert np.allclose(logged, want, rtol=1e-3, atol=0), (logged, want)
     assert json.loads((out / "metrics.json").read_text())["steps"] == 30
 
@@ -145,7 +148,7 @@ def test_weight_decay_and_threads_are_applied_and_recorded(tmp_path):
         out = tmp_path / f"wd{wd}"
         assert run([*QUICK, "--steps", "8", "--weight-decay", wd, "--threads", "1", "--out", str(out)],
                    tmp_path).returncode == 0
-        params[wd], _, meta, _ = ba.load_checkpoint(str(out / "checkpoint.npz"))
+        params[wd], _, meta, _ = checkpoints.load_checkpoint(str(out / "checkpoint.npz"))
         assert meta["weight_decay"] == float(wd) and meta["threads"] == 1
     # decay shrinks the matrices: W <- W - lr * wd * W each step, on top of the (nearly equal) Adam steps
     assert np.abs(params["0.5"]["blocks.0.mlp.w1"]).sum() < np.abs(params["0"]["blocks.0.mlp.w1"]).sum()
@@ -186,7 +189,7 @@ def test_soft_targets_are_used_and_reported(task, tmp_path):
     proc = run([*QUICK, "--task", task, "--soft", "--out", str(out)], tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert json.loads((out / "metrics.json").read_text())["targets"] == "soft"
-    _, cfg, _, _ = ba.load_checkpoint(str(out / "checkpoint.npz"))
+    _, cfg, _, _ = checkpoints.load_checkpoint(str(out / "checkpoint.npz"))
     # HMM: learned positions past the training length (52 + 20) reuse its last row; the bijection has none
     assert cfg.pos_limit == (72 if task == "hmm" else 0) and cfg.max_len == (102 if task == "hmm" else 38)
     log = np.loadtxt(out / "log.csv", delimiter=",", skiprows=1)
@@ -214,7 +217,7 @@ def test_ctrl_c_saves_a_checkpoint(tmp_path):
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "interrupted after step" in err and "Traceback" not in err, err
-    _, _, meta, opt_state = ba.load_checkpoint(str(out / "checkpoint.npz"))
+    _, _, meta, opt_state = checkpoints.load_checkpoint(str(out / "checkpoint.npz"))
     assert meta["step"] >= 3 and opt_state["t"] == meta["step"]
 
 
@@ -271,12 +274,12 @@ def test_authors_mlp_learns_exactly_the_prior(task):
     predict = lambda tok: mb.mlp_predict_proba(params, tok, mcfg)
     before = train.evaluate(predict, held_out)[0]["entropy_mae_bits"]
     assert abs(before - gap) > 0.1, (before, gap)
-    state = ba.adamw_init(params)
+    state = optim.adamw_init(params)
     for step in range(300):
         b = spec["batch"](np.random.default_rng((5, step)), 64)
         loss, grads = mb.mlp_loss_and_grads(params, b["tokens"], b["targets"], b["mask"], mcfg)
-        ba.clip_grad_norm(grads, 1.0)
-        ba.adamw_step(params, grads, state, ba.lr_schedule(step, 1e-2, 20, 300, min_lr=1e-3))
+        optim.clip_grad_norm(grads, 1.0)
+        optim.adamw_step(params, grads, state, optim.lr_schedule(step, 1e-2, 20, 300, min_lr=1e-3))
     m = train.evaluate(predict, held_out)[0]
     assert abs(m["entropy_mae_bits"] - gap) < 0.03, (task, m["entropy_mae_bits"], gap)
     assert abs(m["kl_bits"] - gap) < 0.03, (task, m["kl_bits"], gap)   # KL(post || uniform) = log2 K - H(post)
@@ -309,7 +312,7 @@ def test_sawtooth_presets_reach_the_model(tmp_path):
     assert (args.init, args.curriculum, args.layers, args.heads) == ("fan-in", "5:1000", 2, 2)
     out = tmp_path / "s"
     assert run([*QUICK, "--task", "sawtooth", "--steps", "3", "--out", str(out)], tmp_path).returncode == 0
-    params, cfg, meta, _ = ba.load_checkpoint(str(out / "checkpoint.npz"))
+    params, cfg, meta, _ = checkpoints.load_checkpoint(str(out / "checkpoint.npz"))
     assert cfg.init == "fan-in" and meta["init"] == "fan-in" and meta["curriculum"] == "5:30"
     assert 0.5 < float(np.std(params["wte"])) < 2.0                 # N(0, 1) embeddings, not N(0, 0.02)
     spec = train.task_spec("sawtooth", curriculum="5:30")
