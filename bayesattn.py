@@ -112,6 +112,22 @@ def init_params(cfg, seed=0):
     return {k: v.astype(cfg.dtype) for k, v in p.items()}
 
 
+def param_shapes(cfg):
+    """name -> shape of every parameter init_params makes for cfg (checked when a checkpoint is loaded)."""
+    C, M, K = cfg.d_model, cfg.d_mlp, cfg.n_classes
+    shapes = {"wte": (cfg.vocab_size, C)}
+    if cfg.pos == "learned":
+        shapes["wpe"] = (cfg.max_len, C)
+    for l in range(cfg.n_layers):
+        pre = f"blocks.{l}."
+        shapes.update({pre + "ln1.g": (C,), pre + "ln1.b": (C,), pre + "ln2.g": (C,), pre + "ln2.b": (C,),
+                       pre + "mlp.w1": (C, M), pre + "mlp.b1": (M,), pre + "mlp.w2": (M, C), pre + "mlp.b2": (C,)})
+        for name in ("q", "k", "v", "o"):
+            shapes[pre + f"attn.w{name}"], shapes[pre + f"attn.b{name}"] = (C, C), (C,)
+    shapes.update({"lnf.g": (C,), "lnf.b": (C,), "unembed.w": (C, K), "unembed.b": (K,)})
+    return shapes
+
+
 def count_params(params):
     return int(sum(v.size for v in params.values()))
 

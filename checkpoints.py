@@ -14,8 +14,12 @@ import zipfile
 
 import numpy as np
 
-from bayesattn import Config
-from mlp_baseline import MLPConfig
+from bayesattn import Config, param_shapes
+from mlp_baseline import MLPConfig, mlp_param_shapes
+
+
+_UMASK = os.umask(0)
+os.umask(_UMASK)
 
 
 def _atomic_write(path, write):
@@ -26,6 +30,7 @@ def _atomic_write(path, write):
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
+        os.chmod(tmp, 0o666 & ~_UMASK)                   # mkstemp's 0600 would differ from every other output
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -48,25 +53,56 @@ def save_checkpoint(path, params, cfg, meta=None, opt_state=None):
     _atomic_write(path, lambda f: np.savez(f, **arrays))
 
 
+MAX_LOAD_BYTES = 2 ** 31    # a checkpoint declaring more than 2 GiB of arrays is refused before reading
+
+
 def load_checkpoint(path):
-    """-> (params, cfg, meta, opt_state or None). Raises ValueError with one clear line if unreadable."""
+    """-> (params, cfg, meta, opt_state or None). Raises ValueError with one clear line if the file is missing,
+    truncated, too large, or holds parameters of the wrong names or shapes for its own config."""
     try:
+        with zipfile.ZipFile(path) as z:                # the sizes the archive declares, before reading any
+            declared = sum(info.file_size for info in z.infolist())
+        if declared > MAX_LOAD_BYTES:
+            raise ValueError(f"checkpoint {path!r} declares {declared / 2**30:.1f} GiB of arrays (at most "
+                             f"{MAX_LOAD_BYTES / 2**30:.0f} GiB are loaded)")
         with np.load(path, allow_pickle=False) as z:
             data = {k: z[k] for k in z.files}
         fields = json.loads(str(data["config"]))
         cfg = MLPConfig(**fields) if "width" in fields else Config(**fields)   # an MLP's config has a width
         meta = json.loads(str(data["meta"]))
+        if not isinstance(meta, dict):
+            raise TypeError("meta is not a dict")
     except FileNotFoundError:
         raise ValueError(f"checkpoint {path!r} does not exist") from None
-    except (OSError, KeyError, ValueError, TypeError, zipfile.BadZipFile, EOFError) as e:
+    except ValueError as e:
+        if str(e).startswith(f"checkpoint {path!r}"):
+            raise
+        raise ValueError(f"checkpoint {path!r} is truncated or not a bayesattn checkpoint ({type(e).__name__})") from None
+    except (OSError, KeyError, TypeError, zipfile.BadZipFile, EOFError) as e:
         raise ValueError(f"checkpoint {path!r} is truncated or not a bayesattn checkpoint ({type(e).__name__})") from None
     params = {k[len("param:"):]: v for k, v in data.items() if k.startswith("param:")}
+    shapes = mlp_param_shapes(cfg) if isinstance(cfg, MLPConfig) else param_shapes(cfg)
+    _check_arrays(path, "parameter", params, shapes)
     opt_state = None
     if "adam_t" in data:
         opt_state = {"t": int(data["adam_t"]),
                      "m": {k[len("adam_m:"):]: v for k, v in data.items() if k.startswith("adam_m:")},
                      "v": {k[len("adam_v:"):]: v for k, v in data.items() if k.startswith("adam_v:")}}
+        _check_arrays(path, "AdamW moment", opt_state["m"], shapes)
+        _check_arrays(path, "AdamW moment", opt_state["v"], shapes)
     return params, cfg, meta, opt_state
+
+
+def _check_arrays(path, what, arrays, shapes):
+    """ValueError naming the first missing, unexpected or misshapen array."""
+    missing, extra = sorted(set(shapes) - set(arrays)), sorted(set(arrays) - set(shapes))
+    if missing or extra:
+        name = (missing or extra)[0]
+        raise ValueError(f"checkpoint {path!r}: {what} {name!r} is {'missing' if missing else 'not part of its config'}")
+    for name, shape in shapes.items():
+        if arrays[name].shape != tuple(shape) or not np.issubdtype(arrays[name].dtype, np.floating):
+            raise ValueError(f"checkpoint {path!r}: {what} {name!r} has shape {arrays[name].shape} "
+                             f"{arrays[name].dtype}, its config asks for {tuple(shape)} floats")
 
 
 def plain(obj):

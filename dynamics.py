@@ -13,6 +13,7 @@ import argparse
 import json
 import math
 import os
+import sys
 import time
 
 import layers as ly  # first: it sets OPENBLAS_NUM_THREADS=1 before NumPy loads
@@ -90,7 +91,10 @@ def train_head(params, x, targets, steps, method="sgd", lr=0.01, log_every=None,
     alpha_prev = V_prev = None
     for step in range(steps):
         t0 = time.perf_counter()
-        loss, dlogits, _, cache = head_loss(params, x, targets)
+        with np.errstate(over="ignore", invalid="ignore"):
+            loss, dlogits, _, cache = head_loss(params, x, targets)
+        if not math.isfinite(loss):
+            raise ValueError(f"step {step + 1}: the loss ({loss}) is not finite; training stopped (try a smaller --lr)")
         u, g_val = value_backward(dlogits, cache, params)
         W_V_before = params["W_V"].copy()
         if method == "mstep":
@@ -307,8 +311,10 @@ def deep_variant(seeds=SEEDS, steps=1000, lr=3e-4, T=2000, chain="exact", thread
             model = lambda p, xx, yy, m: deep_loss_and_grads(p, xx, yy, cfg)
             losses = []
             for step in range(steps):
-                loss, _ = training.train_step(model, params, opt, x, y, None, optim.lr_schedule(step, lr, 0, steps),
-                                              0.01)
+                loss, norm = training.train_step(model, params, opt, x, y, None, optim.lr_schedule(step, lr, 0, steps),
+                                                 0.01)
+                if not (math.isfinite(loss) and math.isfinite(norm)):
+                    raise ValueError(f"deep variant, seed {seed}, step {step + 1}: the loss ({loss}) is not finite")
                 losses.append(loss / LN2)
             q = ly.softmax.numpy(deep_forward(params, x_test, cfg)[0].astype(np.float64))    # (1, T, K)
             post = wt.sticky_posterior_batch(P, mu, x_test, 1.0)                          # (1, T, K)
@@ -534,7 +540,21 @@ if __name__ == "__main__":
     parser.add_argument("--seed", type=int, default=0, help="seed for --sticky")
     parser.add_argument("--sigma", type=float, default=1.0, help="noise for --sticky")
     parser.add_argument("--out", help="output directory (default runs/dynamics..., runs/deep-variant...)")
+
+    def fail(msg):                                   # one clear line, exit code 2
+        print(f"dynamics.py: error: {msg}", file=sys.stderr)
+        sys.exit(2)
+    parser.error = fail
     args = parser.parse_args()
+    given = lambda flag: any(a == flag or a.startswith(flag + "=") for a in sys.argv[1:])
+    if args.steps < 1:
+        fail(f"--steps {args.steps}: must be a positive integer")
+    if not (math.isfinite(args.sigma) and args.sigma > 0):
+        fail(f"--sigma {args.sigma}: must be a finite number > 0")
+    if args.seed < 0:
+        fail(f"--seed {args.seed}: must be a non-negative integer")
+    if not args.sticky and (given("--seed") or given("--sigma")):
+        fail("--seed and --sigma belong to --sticky (the comparisons use the authors' five seeds and sigma 1)")
     if args.sticky:
         m = run_sticky(steps=args.steps, seed=args.seed, sigma=args.sigma, out_dir=args.out, chain=args.chain)
         print(json.dumps({k: v for k, v in plain(m).items() if not isinstance(v, list)}, indent=1))

@@ -103,6 +103,19 @@ def match_width(vocab_size, n_classes, max_len, n_blocks, target_params, dtype="
     return MLPConfig(vocab_size, n_classes, max_len, H, n_blocks, dtype, inputs)
 
 
+def mlp_param_shapes(mcfg):
+    """name -> shape of every parameter mlp_init_params makes for mcfg."""
+    V, K, H, M = mcfg.vocab_size, mcfg.n_classes, mcfg.width, MLP_RATIO * mcfg.width
+    shapes = ({"mlp.wte": (V, H), "mlp.wpe": (mcfg.max_len, H)} if mcfg.inputs == "token"
+              else {"mlp.in.w": (mcfg.max_len * V, H), "mlp.in.b": (H,)})
+    for i in range(mcfg.n_blocks):
+        pre = f"mlp.blocks.{i}."
+        shapes.update({pre + "ln.g": (H,), pre + "ln.b": (H,), pre + "w1": (H, M), pre + "b1": (M,),
+                       pre + "w2": (M, H), pre + "b2": (H,)})
+    shapes.update({"mlp.lnf.g": (H,), "mlp.lnf.b": (H,), "mlp.out.w": (H, K), "mlp.out.b": (K,)})
+    return shapes
+
+
 def mlp_init_params(mcfg, seed=0):
     """GPT-2-style, as bayesattn.init_params: N(0, 0.02), the residual projections W_2 scaled by 1/sqrt(2N)."""
     rng = np.random.default_rng(seed)

@@ -555,3 +555,13 @@ def test_config_rejects_bad_values():
         ba.cross_entropy(np.zeros((1, 2, 5)), np.array([[0, 5]]), np.ones((1, 2)))
     with pytest.raises(ValueError, match="exceeds max_len=6"):
         ba.forward(params, np.zeros((1, 7), dtype=int), cfg)
+
+
+@pytest.mark.parametrize("pos", ["learned", "sinusoidal"])
+def test_param_shapes_are_init_params_shapes(pos):
+    import mlp_baseline as mb
+    cfg = ba.Config(vocab_size=7, n_classes=5, max_len=6, d_model=8, n_layers=2, n_heads=2, pos=pos)
+    assert ba.param_shapes(cfg) == {k: v.shape for k, v in ba.init_params(cfg).items()}
+    for inputs in mb.INPUTS:
+        mcfg = mb.MLPConfig(vocab_size=7, n_classes=5, max_len=6, width=4, n_blocks=2, inputs=inputs)
+        assert mb.mlp_param_shapes(mcfg) == {k: v.shape for k, v in mb.mlp_init_params(mcfg).items()}

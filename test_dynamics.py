@@ -193,3 +193,23 @@ def test_deep_variant_trains_and_reports_against_exact_bayes():
     assert r["train_loss_bits"][-1] < r["train_loss_bits"][0]
     assert r["test_kl_bits"] > 0 and r["test_loss_bits"] > r["test_bayes_loss_bits"] - 0.2
     assert out["config"]["bound_bits"] == pytest.approx(2.639, abs=1e-3)     # the authors' chain
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--sticky", "--sigma", "nan"], "--sigma nan: must be a finite number > 0"),
+    (["--sticky", "--sigma=-1"], "--sigma -1.0: must be a finite number > 0"),
+    (["--sticky", "--sigma", "inf"], "--sigma inf: must be a finite number > 0"),
+    (["--quick", "--steps", "0"], "--steps 0: must be a positive integer"),
+    (["--compare-em", "--seed", "3"], "--seed and --sigma belong to --sticky"),
+    (["--chain", "other"], "invalid choice: 'other'"),
+])
+def test_dynamics_cli_bad_input_gives_one_line(args, expected, tmp_path):
+    import os
+    import subprocess
+    import sys
+    here = os.path.dirname(os.path.abspath(__file__))
+    proc = subprocess.run([sys.executable, os.path.join(here, "dynamics.py"), *args], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and expected in lines[0], proc.stderr
+    assert os.listdir(tmp_path) == []                               # nothing written

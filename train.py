@@ -16,6 +16,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # see layers.py: BLAS thread
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
 import argparse  # noqa: E402
+import math  # noqa: E402
 import sys  # noqa: E402
 
 import numba  # noqa: E402
@@ -35,6 +36,7 @@ TASK = "bijection"      # which wind tunnel
 V = 20                  # bijection: keys = values = V, L = V - 1 pairs
 HMM_K = 20              # hmm: observations per training sequence
 EVAL_SEQS = 2000        # held-out sequences for evaluation
+MIN_EVAL_SEQS = 4       # the single-sequence figure draws four
 
 PRESETS = {
     # task -> preset -> settings; lr is the peak of warm-up + cosine, decayed to lr * lr_floor
@@ -106,7 +108,7 @@ def parse_args(argv=None):
     p.add_argument("--weight-decay", type=float, help=f"AdamW decoupled weight decay on the matrices "
                    f"(default {WEIGHT_DECAY} unless the preset says otherwise)")
     p.add_argument("--threads", type=int, help="Numba threads (default: all cores, unless the preset says otherwise)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the initialisation and the data stream (default 0)")
+    p.add_argument("--seed", type=int, help="seed of the initialisation and the data stream (default 0)")
     p.add_argument("--dtype", default="float32", help="float32 (the default) | float64")
     p.add_argument("--pos", default="learned", help="positions: learned (the default) | sinusoidal")
     p.add_argument("--soft", action="store_true", help="train on the exact posterior (soft targets) instead of "
@@ -126,10 +128,12 @@ def parse_args(argv=None):
     p.add_argument("--kernels", default="numba", help="numba: the fast twins of kernels.py | numpy: the readable "
                    "NumPy ops of layers.py and bayesattn.py, as written (slower, the same numbers)")
     p.add_argument("--eval-only", metavar="CHECKPOINT", help="evaluate a checkpoint, no training")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint (also after "
+                   "Ctrl-C, SIGTERM or SIGHUP)")
     p.add_argument("--no-baseline", action="store_true", help="do not train the MLP baseline after the transformer")
-    p.add_argument("--eval-seqs", type=int, default=EVAL_SEQS, help=f"held-out sequences for evaluation (default "
-                   f"{EVAL_SEQS})")
+    p.add_argument("--eval-seqs", type=int, help=f"held-out sequences for evaluation (default {EVAL_SEQS})")
+    p.add_argument("--overwrite", action="store_true", help="replace the run already in --out (its checkpoint, "
+                   "metrics, logs, snapshots and figures) instead of refusing")
     p.add_argument("--compare-em", action="store_true", help="sticky: SGD against the EM-like schedule and "
                                                              "the true M-step over 5 seeds")
     p.add_argument("--chain", help="sticky: exact (self-transition 0.3, the default) | authors (0.3498, as the "
@@ -165,7 +169,10 @@ def parse_args(argv=None):
             ("--dtype", args.dtype != "float32"), ("--soft", args.soft), ("--init", args.init is not None),
             ("--baseline", args.baseline != "mlp"), ("--no-baseline", args.no_baseline),
             ("--lr-floor", args.lr_floor is not None), ("--weight-decay", args.weight_decay is not None),
-            ("--figures", args.figures is not None))
+            ("--figures", args.figures is not None), ("--stop-after", args.stop_after is not None),
+            ("--eval-seqs", args.eval_seqs is not None), ("--warmup", args.warmup is not None),
+            ("--curriculum", args.curriculum is not None), ("--overwrite", args.overwrite),
+            ("--quiet", args.quiet), ("--no-geometry", args.no_geometry))
             if given]
         if ignored:
             fail(f"{', '.join(ignored)}: not used by --task sticky (allowed: --steps, --lr, --seed, --out, "
@@ -202,18 +209,27 @@ def parse_args(argv=None):
         args.threads = numba.config.NUMBA_NUM_THREADS
     if not 1 <= args.threads <= numba.config.NUMBA_NUM_THREADS:
         fail(f"--threads {args.threads}: must lie in 1..{numba.config.NUMBA_NUM_THREADS} (NUMBA_NUM_THREADS)")
-    for key in ("steps", "batch", "width", "layers", "heads", "warmup", "eval_seqs"):
+    for key in ("steps", "batch", "width", "layers", "heads"):
         value = getattr(args, key)
-        if value is not None and (value < 1 if key != "warmup" else value < 0):
+        if value is not None and value < 1:
             fail(f"--{key.replace('_', '-')} {value}: must be a positive integer")
+    if args.warmup is not None and args.warmup < 0:
+        fail(f"--warmup {args.warmup}: must be a non-negative integer")
+    if args.seed is not None and not 0 <= args.seed < 2 ** 63:
+        fail(f"--seed {args.seed}: must be an integer in 0..2^63-1")
+    args.seed = 0 if args.seed is None else args.seed
+    if args.eval_seqs is not None and args.eval_seqs < MIN_EVAL_SEQS:
+        fail(f"--eval-seqs {args.eval_seqs}: must be at least {MIN_EVAL_SEQS} (the single-sequence figure draws four)")
+    args.eval_seqs_given = args.eval_seqs is not None
+    args.eval_seqs = EVAL_SEQS if args.eval_seqs is None else args.eval_seqs
     if args.V < 2:
         fail(f"--V {args.V}: the bijection needs at least 2 keys")
     if args.K < 1:
         fail(f"--K {args.K}: the HMM needs at least 1 observation")
     if args.stop_after is not None and args.stop_after < 1:
         fail(f"--stop-after {args.stop_after}: must be a positive integer")
-    if args.lr is not None and not args.lr > 0:
-        fail(f"--lr {args.lr}: must be > 0")
+    if args.lr is not None and not (math.isfinite(args.lr) and args.lr > 0):
+        fail(f"--lr {args.lr}: must be a finite number > 0")
     if args.pos not in ("learned", "sinusoidal"):
         fail(f"--pos {args.pos!r}: allowed are learned, sinusoidal")
     if args.dtype not in ("float32", "float64"):
@@ -274,7 +290,14 @@ def prior_gap(args):
 
 
 def main(argv=None):
-    args = parse_args(argv)
+    """python train.py: one line and exit code 2 for bad input or a file that cannot be written."""
+    try:
+        return dispatch(parse_args(argv))
+    except OSError as e:
+        fail(f"{e.filename or 'a file'} cannot be written ({e.strerror})")
+
+
+def dispatch(args):
     numba.set_num_threads(args.threads)
     if args.kernels == "numba":
         import kernels
@@ -293,6 +316,21 @@ def main(argv=None):
     if args.task == "sticky":
         return sticky(args)
     spec = task_spec(args.task, V=args.V, K=args.K, soft=args.soft, curriculum=args.curriculum)
+    need, have = training.step_memory_bytes(args, spec), training.available_memory_bytes()
+    if need > 0.8 * have:                           # refuse before allocating anything
+        fits = max(0, int(args.batch * 0.8 * have / need))
+        fail(f"--batch {args.batch} --width {args.width} --layers {args.layers}: a training step would need about "
+             f"{need / 2**30:.1f} GiB, and {have / 2**30:.1f} GiB are available"
+             + (f" (--batch {fits} would fit)" if fits else ""))
+    if args.resume and args.overwrite:
+        fail("--resume and --overwrite: continue the run in --out or replace it, not both")
+    previous = training.run_files(args.out)
+    if previous and not (args.resume or args.overwrite):
+        fail(f"--out {args.out!r} already holds a run ({', '.join(previous[:3])}{', ...' if len(previous) > 3 else ''}): "
+             f"continue it with --resume, replace it with --overwrite, or give another --out")
+    training.remove_stale_temporaries(args.out)                 # a save killed half-way leaves .tmp-* files
+    if args.overwrite:
+        training.remove_run(args.out, previous)
     results = {}
     run_name = os.path.basename(os.path.normpath(args.out))    # figures are named after the run
     figure = lambda what: os.path.join(args.figures, f"{run_name}_{what}.png")
@@ -358,6 +396,13 @@ def main(argv=None):
 
 def sticky(args):
     """Paper II on the sticky chain: dynamics.py's one head, the EM comparison or the deep variant."""
+    try:
+        return _sticky(args)
+    except ValueError as e:                          # a loss that turned non-finite
+        fail(str(e))
+
+
+def _sticky(args):
     import json
     import dynamics
     if args.compare_em:                              # SGD vs EM-like vs true M-step, 5 seeds (minutes)
@@ -380,12 +425,15 @@ def load_for_resume(args):
     want = training.run_meta(args, meta.get("step", 0))
     # threads too: the split products' partial sums depend on it, and a resume is bit-identical only at the same
     for key in ("task", "model", "seed", "batch", "steps", "lr", "warmup", "lr_floor", "weight_decay", "threads",
-                "soft", "curriculum", "V", "K", "pos", "init", "dtype"):
+                "soft", "curriculum", "V", "K", "pos", "init", "dtype", "eval_seqs"):
         # runs older than --lr-floor used 0.1, older than --weight-decay 0.01; older than --threads: not checked
         have = meta.get(key, {"lr_floor": 0.1, "weight_decay": WEIGHT_DECAY, "threads": want["threads"],
-                              "curriculum": "", "init": "gpt2"}.get(key))
+                              "curriculum": "", "init": "gpt2", "eval_seqs": EVAL_SEQS}.get(key))
         if have != want[key]:
             fail(f"--resume: checkpoint {path!r} has {key}={have!r} but this run asks for {want[key]!r}")
+    if args.stop_after is not None and args.stop_after <= meta.get("step", 0):
+        fail(f"--stop-after {args.stop_after}: the checkpoint {path!r} is already at step {meta.get('step', 0)}; "
+             f"give a later step, or leave --stop-after out to finish the run")
     if opt_state is None:
         fail(f"--resume: checkpoint {path!r} holds no optimiser state")
     if args.model == "transformer" and (cfg.d_model, cfg.n_layers, cfg.n_heads) != (args.width, args.layers, args.heads):
@@ -405,9 +453,11 @@ def eval_only(args):
     if meta.get("replacement"):
         fail(f"--eval-only: checkpoint {args.eval_only!r} is of the retired --replacement variant "
              f"(separate vocabularies, keys with replacement); Paper I's variant is --task sawtooth")
-    for key in ("task", "V", "K"):
+    for key in ("task", "V", "K", "seed"):               # the run's own held-out set: its seed picks it
         if key in meta:
             setattr(args, key, meta[key])
+    if "eval_seqs" in meta and not args.eval_seqs_given:
+        args.eval_seqs = meta["eval_seqs"]
     spec = task_spec(args.task, V=args.V, K=args.K)
     if (cfg.vocab_size, cfg.n_classes) != (spec["vocab"], spec["classes"]):
         fail(f"--eval-only: checkpoint {args.eval_only!r} has {cfg.vocab_size} tokens and {cfg.n_classes} classes, "

@@ -26,6 +26,7 @@ N_SNAPSHOTS = 24            # light parameter snapshots at log-spaced steps (the
 SAVE_EVERY = 500            # steps between checkpoints
 HMM_EVAL_K = (30, 50)       # HMM lengths evaluated past the training length (length generalisation)
 EVAL_SEED = 1_000_003       # held-out data never overlaps the training stream (seeds (seed, step))
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)   # finish the step, save, stop
 
 
 class TrainingStopped(Exception):
@@ -106,6 +107,31 @@ def held_out(args, K=None):
                                                           args.eval_seqs)
 
 
+def step_memory_bytes(args, spec):
+    """About how many bytes one training step of the transformer these flags describe holds at its peak:
+    per layer the attention weights (B NH T^2) twice (alpha and the scores), about 14 activations of
+    (B T C) and 4 of (B T M) in the forward cache and the backward's temporaries, and the parameters
+    four times (weights, gradients, AdamW's m and v). An estimate to refuse what cannot fit, not a
+    measurement."""
+    B, T, C, L, NH = args.batch, spec["eval_len"], args.width, args.layers, args.heads
+    M, itemsize = 4 * C, 8 if args.dtype == "float64" else 4
+    per_layer = 2 * B * NH * T * T + 14 * B * T * C + 4 * B * T * M
+    params = spec["vocab"] * C + spec["eval_len"] * C + L * (4 * C * C + 2 * C * M + 13 * C) + C * spec["classes"]
+    return itemsize * (L * per_layer + 4 * params + 3 * B * T * spec["classes"])
+
+
+def available_memory_bytes():
+    """MemAvailable of /proc/meminfo (Linux), or the physical memory where that file is missing."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 # ----------------------------------------------------------------------------
 # the models: a transformer, or one of the two MLPs, as (loss_and_grads, predict)
 
@@ -167,6 +193,40 @@ def checkpoint_name(model):
     return "checkpoint.npz" if model == "transformer" else f"{model}.npz"
 
 
+def run_files(run_dir):
+    """The files a run writes that are in run_dir: checkpoints, metrics, logs, snapshots/, geometry.json and
+    the run's own figures (named after it). Nothing else there is ever touched."""
+    if not os.path.isdir(run_dir):
+        return []
+    run = os.path.basename(os.path.normpath(run_dir))
+    ours = lambda name: (name in ("checkpoint.npz", "geometry.json", "snapshots")
+                         or (name.startswith(("metrics", "log")) and name.endswith((".json", ".csv")))
+                         or name in ("mlp.npz", "prefix-mlp.npz")
+                         or (name.startswith((f"{run}_", f"geometry_{run}_")) and name.endswith(".png")))
+    return sorted(name for name in os.listdir(run_dir) if ours(name))
+
+
+def remove_run(run_dir, names):
+    """Delete those files of a run (--overwrite), snapshots/ with its contents."""
+    for name in names:
+        path = os.path.join(run_dir, name)
+        if os.path.isdir(path):
+            for snap in os.listdir(path):
+                os.remove(os.path.join(path, snap))
+            os.rmdir(path)
+        else:
+            os.remove(path)
+
+
+def remove_stale_temporaries(run_dir):
+    """The .tmp-* files an interrupted atomic write left (checkpoints._atomic_write), in run_dir and snapshots/."""
+    for folder in (run_dir, os.path.join(run_dir, "snapshots")):
+        if os.path.isdir(folder):
+            for name in os.listdir(folder):
+                if name.startswith(".tmp-"):
+                    os.remove(os.path.join(folder, name))
+
+
 def log_spaced_steps(steps, n, first=100):
     """n snapshot steps, log-spaced from `first` (the frame-precision probe starts near step 100; a run of
     fewer than 1,000 steps starts at a tenth of its length) to steps."""
@@ -177,20 +237,37 @@ def run_meta(args, step, seconds=0.0):
     return dict(seconds=round(seconds, 2), task=args.task, model=args.model, step=step, steps=args.steps, seed=args.seed,
                 batch=args.batch, lr=args.lr, warmup=args.warmup, lr_floor=args.lr_floor,
                 weight_decay=args.weight_decay, soft=args.soft, curriculum=args.curriculum, preset=args.preset,
-                threads=args.threads, V=args.V, K=args.K, pos=args.pos, init=args.init, dtype=args.dtype)
+                threads=args.threads, V=args.V, K=args.K, pos=args.pos, init=args.init, dtype=args.dtype,
+                eval_seqs=args.eval_seqs)
 
 
 def save_run_checkpoint(run_dir, params, cfg, args, step, opt_state, seconds):
-    save_checkpoint(os.path.join(run_dir, checkpoint_name(args.model)), params, cfg,
-                    run_meta(args, step, seconds), opt_state)
+    """The run's checkpoint at this step; TrainingStopped (and the previous checkpoint kept) if a weight is
+    not finite or the file cannot be written."""
+    save_params(os.path.join(run_dir, checkpoint_name(args.model)), params, cfg, run_meta(args, step, seconds),
+                opt_state, step)
+
+
+def save_params(path, params, cfg, meta, opt_state=None, step=None):
+    bad = [name for name, p in params.items() if not np.isfinite(p).all()]
+    if bad:
+        raise TrainingStopped(f"step {step}: weights {', '.join(bad[:3])} are not finite; training stopped before "
+                              f"saving them, {path} keeps the last good checkpoint (try a smaller --lr)")
+    try:
+        save_checkpoint(path, params, cfg, meta, opt_state)
+    except OSError as e:
+        raise TrainingStopped(f"step {step}: {path} cannot be written ({e.strerror}); training stopped, the "
+                              f"previous file stays") from None
 
 
 def train(model, params, cfg, spec, args, run_dir, opt_state=None, start=0, log_name="log.csv"):
     """The training loop. model = (loss_and_grads, predict).
     -> params, opt_state, step reached, seconds of training (summed over resumes), interrupted (bool).
-    Ctrl-C only raises a flag: the current step finishes (parameters and optimiser state stay consistent,
-    so a resume is exact), then the loop saves a checkpoint and returns. A second Ctrl-C interrupts at once.
-    Raises TrainingStopped when the loss or the gradient turns non-finite (nothing of that step is applied)."""
+    Ctrl-C, SIGTERM (a job scheduler) and SIGHUP (a closed terminal) only raise a flag: the current step
+    finishes (parameters and optimiser state stay consistent, so a resume is exact), then the loop saves a
+    checkpoint and returns. A second signal interrupts at once.
+    Raises TrainingStopped when the loss or the gradient turns non-finite (nothing of that step is applied),
+    or a checkpoint cannot be saved."""
     from tqdm import tqdm
     opt_state = opt_state or optim.adamw_init(params)
     snap_dir = os.path.join(run_dir, "snapshots")
@@ -210,7 +287,7 @@ def train(model, params, cfg, spec, args, run_dir, opt_state=None, start=0, log_
         if interrupted:
             raise KeyboardInterrupt
         interrupted.append(signum)
-    previous_handler = signal.signal(signal.SIGINT, on_sigint)
+    previous_handlers = {sig: signal.signal(sig, on_sigint) for sig in STOP_SIGNALS}
     step = start
     with open(log_path, "w", newline="") as log_file:
         log = csv.writer(log_file)
@@ -234,8 +311,8 @@ def train(model, params, cfg, spec, args, run_dir, opt_state=None, start=0, log_
                 log.writerow([step + 1, f"{loss_bits:.6f}", f"{floor:.6f}", f"{lr:.3e}", f"{norm:.4f}",
                               f"{time.time() - t0:.2f}"])
                 if (step + 1) in snapshots and args.model == "transformer":
-                    save_checkpoint(os.path.join(snap_dir, f"step_{step + 1:07d}.npz"), params, cfg,
-                                    meta=run_meta(args, step + 1))
+                    save_params(os.path.join(snap_dir, f"step_{step + 1:07d}.npz"), params, cfg,
+                                run_meta(args, step + 1), step=step + 1)
                 if (step + 1) % SAVE_EVERY == 0:
                     save_run_checkpoint(run_dir, params, cfg, args, step + 1, opt_state, time.time() - t0)
                 if step % 10 == 0:
@@ -247,6 +324,7 @@ def train(model, params, cfg, spec, args, run_dir, opt_state=None, start=0, log_
             step = stop
         finally:
             bar.close()
-            signal.signal(signal.SIGINT, previous_handler)
+            for sig, handler in previous_handlers.items():
+                signal.signal(sig, handler)
     save_run_checkpoint(run_dir, params, cfg, args, step, opt_state, time.time() - t0)
     return params, opt_state, step, time.time() - t0, False
