@@ -281,9 +281,14 @@ def pca(X):
     return Xc @ Vt.T, var / max(var.sum(), 1e-300)
 
 
+def constant(a):
+    """True when a varies by less than rounding: every entropy of a position equal up to 1e-9 bits."""
+    return np.ptp(a) <= 1e-9 * max(1.0, float(np.abs(a).max()))
+
+
 def spearman(a, b):
-    """Spearman rank correlation; None when either side is constant."""
-    if np.ptp(a) == 0 or np.ptp(b) == 0:
+    """Spearman rank correlation; None when either side is constant (up to rounding, see constant())."""
+    if constant(a) or constant(b):
         return None
     return float(spearmanr(a, b)[0])
 
@@ -372,17 +377,19 @@ def authors_key_frame(params, cfg, task):
 
 def pearson(a, b):
     """Pearson correlation; None when either side is constant."""
+    if constant(a) or constant(b):
+        return None
     a, b = np.asarray(a, np.float64) - np.mean(a), np.asarray(b, np.float64) - np.mean(b)
-    den = math.sqrt(float(a @ a) * float(b @ b))
-    return float(a @ b) / den if den > 0 else None
+    return float(a @ b) / math.sqrt(float(a @ a) * float(b @ b))
 
 
 def r_squared(X, y):
-    """R^2 of the least-squares fit y ~ X w + c (in sample); None when y is constant."""
+    """R^2 of the least-squares fit y ~ X w + c (in sample, so in [0, 1]); None when y is constant."""
+    if constant(y):
+        return None
     A = np.c_[X, np.ones(len(X))]
     w = np.linalg.lstsq(A, y, rcond=None)[0]
-    ss_tot = float(((y - y.mean()) ** 2).sum())
-    return 1.0 - float(((y - A @ w) ** 2).sum()) / ss_tot if ss_tot > 0 else None
+    return 1.0 - float(((y - A @ w) ** 2).sum()) / float(((y - y.mean()) ** 2).sum())
 
 
 def authors_manifold(X, h_bayes, position, n_pcs=5):

@@ -224,3 +224,20 @@ def test_bad_arguments_give_one_clear_line(tmp_path):
                               capture_output=True, text=True, timeout=120)
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode == 2 and len(lines) == 1 and expected in lines[0], proc.stderr
+
+
+def test_authors_manifold_by_hand_and_positions_where_h_is_constant():
+    """H = 2 x PC1 exactly: |Pearson| 1 and R^2 1 on the top 5 PCs. A position where H is constant (up to
+    float rounding, as log2 20 computed per sequence is) has no within-position R^2, not a huge negative one."""
+    rng = np.random.default_rng(0)
+    t = rng.normal(size=200)
+    X = np.c_[5 * t, rng.normal(size=(200, 3)) * 0.1]                  # PC1 is the t axis
+    position = np.repeat([0, 1], 100)
+    m = mf.authors_manifold(X, 2 * t, position)
+    assert m["pc1_variance"] > 0.99 and m["best_pc"] == 1
+    assert m["best_abs_pearson"] == pytest.approx(1.0) and m["r2_top5"] == pytest.approx(1.0)
+    h = 2 * t
+    h[position == 0] = np.log2(20) + 1e-16 * rng.normal(size=100)        # "constant" entropy at position 0
+    m = mf.authors_manifold(X, h, position)
+    assert m["mean_within_position_r2_top5"] == pytest.approx(1.0)        # position 1 alone: H = 2 t exactly
+    assert mf.r_squared(X[:100], h[:100]) is None and mf.pearson(X[:100, 0], h[:100]) is None
