@@ -1,12 +1,13 @@
-"""Benchmark: one training step of bayesattn against the same transformer in PyTorch (issue 6).
+"""Benchmark: one training step of bayesattn against the same transformer in PyTorch.
 
     python bench.py                          # the three training shapes; PyTorch too if it is installed
     python bench.py --quick                  # tiny shapes, few repeats: a smoke test
     python bench.py --shapes hmm-paper --repeats 60
     python bench.py --shapes bij-b256         # the earlier bijection paper preset (batch 256)
+    python bench.py --tricks                 # what each speed trick of kernels.py buys, per shape
 
-A step is what train.py does: loss_and_grads, clip_grad_norm, adamw_step (train.py's betas,
-weight decay and clip). PyTorch gets the same float32 parameters, batch, shapes and thread count
+A step is training.train_step, the step train.py takes (loss_and_grads, clip_grad_norm, adamw_step),
+on the fast path (kernels.enable()). PyTorch gets the same float32 parameters, batch, shapes and thread count
 (torch.set_num_threads(2)): pre-LN blocks, separate q/k/v/o projections with biases, GELU (tanh),
 learned positions, final LN, untied unembedding, AdamW with decay on the same tensors, cross-entropy
 on the masked positions. Ours and PyTorch's steps are timed alternately, so a change in the load of
@@ -23,8 +24,8 @@ The last line is `worst ratio ours/torch: R` (R = nan without PyTorch).
 
 import os
 
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as bayesattn.py and train.py: BLAS threads fight Numba's
-os.environ.setdefault("OMP_WAIT_POLICY", "passive")  # as bayesattn.py; PyTorch in this process gets it too
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as layers.py and train.py: BLAS threads fight Numba's
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")  # as layers.py; PyTorch in this process gets it too
 
 import argparse  # noqa: E402
 import math  # noqa: E402
@@ -38,7 +39,11 @@ import numba  # noqa: E402
 import numpy as np  # noqa: E402
 
 import bayesattn as ba  # noqa: E402
-import train  # noqa: E402  (its task_spec, betas, weight decay and clip: the step is the one train.py takes)
+import kernels  # noqa: E402
+import layers  # noqa: E402
+import training  # noqa: E402  (its task_spec and train_step: the step is the one train.py takes)
+
+WEIGHT_DECAY = 0.01     # decay on the matrices, so the step does that work too
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 THREADS = 2             # PyTorch's intra-op threads; Numba uses its default, one per core
@@ -99,7 +104,7 @@ def interleaved(fs, repeats, warmup):
 
 def setup(name):
     s = SHAPES[name]
-    spec = train.task_spec(s["task"], V=s.get("V", train.V), K=s.get("K", train.HMM_K))
+    spec = training.task_spec(s["task"], V=s.get("V", 20), K=s.get("K", 20))
     cfg = ba.Config(vocab_size=spec["vocab"], n_classes=spec["classes"], max_len=spec["max_len"],
                     d_model=s["width"], n_layers=s["layers"], n_heads=s["heads"], dtype="float32")
     batch = spec["batch"](np.random.default_rng(0), s["batch"])
@@ -133,34 +138,32 @@ def one_thread(step):
 
 
 def ours_step(cfg, params, batch):
-    """-> a closure taking one training step exactly as train.py does."""
-    state = ba.adamw_init(params)
+    """-> a closure taking one training step exactly as train.py does (training.train_step)."""
+    state = training.optim.adamw_init(params)
+    model = lambda p, tok, tgt, m: ba.loss_and_grads(p, tok, tgt, m, cfg)
 
     def step():
-        loss, grads = ba.loss_and_grads(params, batch["tokens"], batch["targets"], batch["mask"], cfg)
-        ba.clip_grad_norm(grads, train.GRAD_CLIP)
-        ba.adamw_step(params, grads, state, LR, beta1=train.BETAS[0], beta2=train.BETAS[1],
-                      weight_decay=train.WEIGHT_DECAY)
-        return loss
+        return training.train_step(model, params, state, batch["tokens"], batch["targets"], batch["mask"], LR,
+                                   WEIGHT_DECAY)[0]
     return step
 
 
 def step_products(step):
-    """Record one step's matrix products (every ba.matmul and ba.matmul_tn call, with its arrays).
+    """Record one step's matrix products (every kernels.matmul and kernels.matmul_tn call, with its arrays).
     -> (closure running those calls again and nothing else, their flops, the number of calls)."""
     calls = []
-    originals = ba.matmul, ba.matmul_tn
+    originals = kernels.matmul, kernels.matmul_tn
 
     def recording(product):
         def record(a, b):
             calls.append((product, a, b))
             return product(a, b)
         return record
-    ba.matmul, ba.matmul_tn = recording(ba.matmul), recording(ba.matmul_tn)
+    kernels.matmul, kernels.matmul_tn = recording(kernels.matmul), recording(kernels.matmul_tn)
     try:
         step()
     finally:
-        ba.matmul, ba.matmul_tn = originals
+        kernels.matmul, kernels.matmul_tn = originals
     # a (N, K) @ b (K, M) and a (N, K)^T b (N, M) are both N K M multiply-adds
     flops = sum(2 * a.shape[0] * a.shape[1] * b.shape[1] for _, a, b in calls)
 
@@ -193,20 +196,21 @@ def torch_step(cfg, params, batch):
         x = P["wte"][tokens] + P["wpe"][:T]                # (B, T, C)
         for l in range(cfg.n_layers):
             pre = f"blocks.{l}."
-            h = F.layer_norm(x, (C,), P[pre + "ln1.g"], P[pre + "ln1.b"], eps=ba.LN_EPS)
+            h = F.layer_norm(x, (C,), P[pre + "ln1.g"], P[pre + "ln1.b"], eps=layers.LN_EPS)
             q, k, v = (heads(linear(h, pre + f"attn.w{n}", pre + f"attn.b{n}")) for n in "qkv")
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             x = x + linear(o.transpose(1, 2).reshape(B, T, C), pre + "attn.wo", pre + "attn.bo")
-            h = F.layer_norm(x, (C,), P[pre + "ln2.g"], P[pre + "ln2.b"], eps=ba.LN_EPS)
+            h = F.layer_norm(x, (C,), P[pre + "ln2.g"], P[pre + "ln2.b"], eps=layers.LN_EPS)
             a = F.gelu(linear(h, pre + "mlp.w1", pre + "mlp.b1"), approximate="tanh")
             x = x + linear(a, pre + "mlp.w2", pre + "mlp.b2")
-        x = F.layer_norm(x, (C,), P["lnf.g"], P["lnf.b"], eps=ba.LN_EPS)
+        x = F.layer_norm(x, (C,), P["lnf.g"], P["lnf.b"], eps=layers.LN_EPS)
         logits = linear(x, "unembed.w", "unembed.b").reshape(B * T, K)
         return (F.cross_entropy(logits, targets, reduction="none") * mask).sum() / mask.sum()
 
-    groups = [dict(params=[p for n, p in P.items() if ba.default_decay(n)], weight_decay=train.WEIGHT_DECAY),
-              dict(params=[p for n, p in P.items() if not ba.default_decay(n)], weight_decay=0.0)]
-    opt = torch.optim.AdamW(groups, lr=LR, betas=train.BETAS, eps=1e-8)
+    decay = training.optim.default_decay
+    groups = [dict(params=[p for n, p in P.items() if decay(n)], weight_decay=WEIGHT_DECAY),
+              dict(params=[p for n, p in P.items() if not decay(n)], weight_decay=0.0)]
+    opt = torch.optim.AdamW(groups, lr=LR, betas=training.BETAS, eps=1e-8)
     with torch.no_grad():
         loss0 = float(loss_fn())
 
@@ -214,7 +218,7 @@ def torch_step(cfg, params, batch):
         opt.zero_grad(set_to_none=True)
         loss = loss_fn()
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(list(P.values()), train.GRAD_CLIP)
+        torch.nn.utils.clip_grad_norm_(list(P.values()), training.GRAD_CLIP)
         opt.step()
         return loss
     return step, loss0
@@ -233,48 +237,51 @@ def torch_available():
 # the kernels against their NumPy references
 
 def kernel_cases(cfg, batch):
-    """name -> (the kernel as the step calls it, the bare kernel, its NumPy reference), each a call
-    on random float32 inputs of the training shape. "As called" picks one thread for small inputs
-    (bayesattn.run_kernel); the bare kernel is what the bench also times on one thread."""
+    """name -> (the twin as the step calls it, the bare Numba kernel, the NumPy op), each a call on random
+    float32 inputs of the training shape. "As called" picks one thread for small inputs
+    (kernels.run_kernel); the bare kernel is what the bench also times on one thread."""
+    K_ = kernels
     rng = np.random.default_rng(1)
     B, T = batch["tokens"].shape
     N, C, M, K, NH = B * T, cfg.d_model, cfg.d_mlp, cfg.n_classes, cfg.n_heads
     r = lambda *s: rng.normal(size=s).astype(np.float32)
     q, k, v, u = (r(B, NH, T, C // NH) for _ in range(4))
-    _, alpha = ba.attention_forward_ref(q, k, v)
+    _, alpha = ba.attention_forward.numpy(q, k, v)
     alpha = alpha.astype(np.float32)
     x, g, b, dy, h, dh = r(N, C), r(C), r(C), r(N, C), r(N, M), r(N, M)
-    _, ln_cache = ba.layernorm_forward(x, g, b)
+    _, ln_cache = K_.layernorm_forward(x, g, b)
     mean, rstd = ln_cache[1:3]
     s = r(B * NH * T, T) * 3                               # rows of attention scores
     logits, t, w = r(B, T, K), batch["targets"], batch["mask"]
     z, wf = logits.reshape(-1, K), w.reshape(-1).astype(np.float64)
     tf = t.reshape(-1).astype(np.int64)
-    idx = np.ascontiguousarray(batch["tokens"].reshape(-1))  # embedding backward: rows added by token
+    tokens = batch["tokens"]                               # embedding backward: rows added by token
+    idx = np.ascontiguousarray(tokens.reshape(-1))
+    dx3 = x.reshape(B, T, C)
     return {
-        f"attention fwd {q.shape}": (lambda: ba.attention_forward(q, k, v),
-                                     lambda: ba.attention_forward_kernel(q, k, v),
-                                     lambda: ba.attention_forward_ref(q, k, v)),
-        f"attention bwd {q.shape}": (lambda: ba.attention_backward(u, alpha, q, k, v),
-                                     lambda: ba.attention_backward_kernel(u, alpha, q, k, v),
-                                     lambda: ba.attention_backward_ref(u, alpha, q, k, v)),
-        f"softmax {s.shape}": (lambda: ba.softmax(s), lambda: ba.softmax_kernel(s), lambda: ba.softmax_ref(s)),
-        f"layernorm fwd {x.shape}": (lambda: ba.layernorm_forward(x, g, b),
-                                     lambda: ba.layernorm_forward_kernel(x, g, b, ba.LN_EPS),
-                                     lambda: ba.layernorm_forward_ref(x, g, b)),
-        f"layernorm bwd {x.shape}": (lambda: ba.layernorm_backward(dy, ln_cache),
-                                     lambda: ba.layernorm_backward_kernel(dy, x, mean, rstd, g),
-                                     lambda: ba.layernorm_backward_ref(dy, x, mean, rstd, g)),
-        f"gelu fwd {h.shape}": (lambda: ba.gelu_forward(h), lambda: ba.gelu_forward_kernel(h),
-                                lambda: ba.gelu_forward_ref(h)),
-        f"gelu bwd {h.shape}": (lambda: ba.gelu_backward(dh, h), lambda: ba.gelu_backward_kernel(dh, h),
-                                lambda: ba.gelu_backward_ref(dh, h)),
-        f"scatter-add {x.shape}": (lambda: ba.scatter_add_kernel(x, idx, cfg.vocab_size),
-                                   lambda: ba.scatter_add_kernel(x, idx, cfg.vocab_size),
-                                   lambda: ba.scatter_add_ref(x, idx, cfg.vocab_size)),
-        f"cross-entropy {logits.shape}": (lambda: ba.cross_entropy(logits, t, w),
-                                          lambda: ba.cross_entropy_hard_kernel(z, tf, wf, float(wf.sum())),
-                                          lambda: ba.cross_entropy_ref(z, t.reshape(-1), w.reshape(-1))),
+        f"attention fwd {q.shape}": (lambda: K_.attention_forward(q, k, v),
+                                     lambda: K_.attention_forward_kernel(q, k, v),
+                                     lambda: ba.attention_forward.numpy(q, k, v)),
+        f"attention bwd {q.shape}": (lambda: K_.attention_backward(u, alpha, q, k, v),
+                                     lambda: K_.attention_backward_kernel(u, alpha, q, k, v),
+                                     lambda: ba.attention_backward.numpy(u, alpha, q, k, v)),
+        f"softmax {s.shape}": (lambda: K_.softmax(s), lambda: K_.softmax_kernel(s), lambda: layers.softmax.numpy(s)),
+        f"layernorm fwd {x.shape}": (lambda: K_.layernorm_forward(x, g, b),
+                                     lambda: K_.layernorm_forward_kernel(x, g, b, layers.LN_EPS),
+                                     lambda: layers.layernorm_forward.numpy(x, g, b)),
+        f"layernorm bwd {x.shape}": (lambda: K_.layernorm_backward(dy, ln_cache),
+                                     lambda: K_.layernorm_backward_kernel(dy, x, mean, rstd, g),
+                                     lambda: layers.layernorm_backward.numpy(dy, ln_cache)),
+        f"gelu fwd {h.shape}": (lambda: K_.gelu_forward(h), lambda: K_.gelu_forward_kernel(h),
+                                lambda: layers.gelu_forward.numpy(h)),
+        f"gelu bwd {h.shape}": (lambda: K_.gelu_backward(dh, h), lambda: K_.gelu_backward_kernel(dh, h),
+                                lambda: layers.gelu_backward.numpy(dh, h)),
+        f"scatter-add {x.shape}": (lambda: K_.embedding_backward(dx3, tokens, cfg.vocab_size),
+                                   lambda: K_.scatter_add_kernel(x, idx, cfg.vocab_size),
+                                   lambda: layers.embedding_backward.numpy(dx3, tokens, cfg.vocab_size)),
+        f"cross-entropy {logits.shape}": (lambda: K_.cross_entropy(logits, t, w),
+                                          lambda: K_.cross_entropy_hard_kernel(z, tf, wf, float(wf.sum())),
+                                          lambda: layers.cross_entropy.numpy(logits, t, w)),
     }
 
 
@@ -337,7 +344,8 @@ def sgemm_gflops(threads, n, reps):
 COMPILE = """
 import time
 t0 = time.perf_counter()
-import numpy as np, bayesattn as ba
+import numpy as np, bayesattn as ba, kernels
+kernels.enable()
 cfg = ba.Config(vocab_size=7, n_classes=5, max_len=6, d_model=8, n_layers=1, n_heads=2)
 rng = np.random.default_rng(0)
 ba.loss_and_grads(ba.init_params(cfg), rng.integers(0, 7, (2, 6)), rng.integers(0, 5, (2, 6)), np.ones((2, 6)), cfg)
@@ -354,16 +362,15 @@ def compile_seconds():
 
 def memory_child(name, steps):
     """A training loop of `steps` steps as train.py runs it (a new batch each step); prints peak RSS in MiB."""
+    kernels.enable()
     cfg, params, _ = setup(name)
     s = SHAPES[name]
-    spec = train.task_spec(s["task"], V=s.get("V", train.V), K=s.get("K", train.HMM_K))
-    state = ba.adamw_init(params)
+    spec = training.task_spec(s["task"], V=s.get("V", 20), K=s.get("K", 20))
+    state = training.optim.adamw_init(params)
+    model = lambda p, tok, tgt, m: ba.loss_and_grads(p, tok, tgt, m, cfg)
     for step in range(steps):
         batch = spec["batch"](np.random.default_rng((0, step)), s["batch"])
-        loss, grads = ba.loss_and_grads(params, batch["tokens"], batch["targets"], batch["mask"], cfg)
-        ba.clip_grad_norm(grads, train.GRAD_CLIP)
-        ba.adamw_step(params, grads, state, LR, beta1=train.BETAS[0], beta2=train.BETAS[1],
-                      weight_decay=train.WEIGHT_DECAY)
+        training.train_step(model, params, state, batch["tokens"], batch["targets"], batch["mask"], LR, WEIGHT_DECAY)
     print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)   # Linux: KiB
 
 
@@ -381,6 +388,7 @@ def parse_args(argv=None):
     p.add_argument("--repeats", type=int, help="timed steps per shape (default 40; --quick: 5)")
     p.add_argument("--shapes", help=f"comma-separated subset of {', '.join(SHAPES)}")
     p.add_argument("--profile", action="store_true", help="also print cProfile's hottest functions of our step")
+    p.add_argument("--tricks", action="store_true", help="only: the step without each speed trick of kernels.py")
     args = p.parse_args(argv)
     if args.repeats is None:
         args.repeats = 5 if args.quick else 40
@@ -394,6 +402,31 @@ def parse_args(argv=None):
         if unknown or not args.shapes:
             fail(f"--shapes {','.join(unknown) or '(empty)'}: allowed are {', '.join(SHAPES)}")
     return args
+
+
+TRICKS = """
+import sys, numpy as np, bench, kernels
+kernels.enable()
+cfg, params, batch = bench.setup({name!r})
+step = bench.ours_step(cfg, params, batch)
+print(1e3 * np.median(bench.interleaved([step], {repeats}, warmup=3)[0]))
+"""
+
+
+def tricks(name, repeats):
+    """The step at one shape without each speed trick of kernels.py, each in a fresh process (the compiled
+    exp depends on how the kernels were compiled): -> {variant: median ms}."""
+    with tempfile.TemporaryDirectory() as cache:
+        run = lambda env, code="": float(child(code + TRICKS.format(name=name, repeats=repeats),
+                                               {"NUMBA_CACHE_DIR": cache, **env}))
+        out = {"as in training": run({})}
+        out["every kernel on all threads (no run_kernel choice)"] = run(
+            {}, "import kernels; kernels.PARALLEL_MIN_US = 0.0\n")
+        out["products not split by rows"] = run({}, "import kernels; kernels.SPLIT_FLOPS = float('inf')\n")
+        out["math.exp instead of exp32"] = run({"BAYESATTN_EXP32": "0"})
+        out["the NumPy path (no twin at all)"] = run(
+            {}, "import kernels; kernels.enable = kernels.disable\n")
+    return out
 
 
 def profile_step(step, n=10):
@@ -413,6 +446,15 @@ def profile_step(step, n=10):
 
 def main(argv=None):
     args = parse_args(argv)
+    kernels.enable()                                       # the fast path, as train.py runs
+    if args.tricks:
+        print(f"bench.py --tricks  {load()}  numba {numba.__version__} ({numba.config.NUMBA_NUM_THREADS} threads)  "
+              f"repeats {args.repeats}; median ms of one training step, each variant in a fresh process")
+        for name in args.shapes:
+            t = tricks(name, args.repeats)
+            base = t["as in training"]
+            print(f"{name}: " + "; ".join(f"{k} {v:.2f} ms ({v / base:.2f}x)" for k, v in t.items()) + f"  ({load()})")
+        return
     # first, while this process is small: a child's ru_maxrss starts from its parent's at the fork
     mem_shape, mem_steps = (QUICK[0], (5, 20)) if args.quick else ("bij-default", (50, 200))
     peak_rss_mib(mem_shape, 1)                             # fills Numba's cache: compiling is not training
@@ -436,7 +478,7 @@ def main(argv=None):
     start_all, start_one = parallel_start_us(10 * args.repeats)
     print(f"an almost empty parallel loop: {start_all:.1f} us on {numba.get_num_threads()} Numba threads, "
           f"{start_one:.1f} us held to one (OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}; "
-          f"bayesattn.PARALLEL_MIN_US = {ba.PARALLEL_MIN_US:g})")
+          f"kernels.PARALLEL_MIN_US = {kernels.PARALLEL_MIN_US:g})")
 
     ratios = {}
     for name in args.shapes:

@@ -1,8 +1,8 @@
 """The geometry of Bayesian attention (Paper I): six probes of a trained wind-tunnel transformer.
 
-    python manifold.py runs/<name>/checkpoint.npz [--figures figures] [--n-seqs 500] [--seed 0]
+    python manifold.py runs/<name>/checkpoint.npz [--figures DIR] [--n-seqs 500] [--seed 0]
 
-writes figures/geometry_<name>_*.png and every number into runs/<name>/geometry.json.
+writes every number into runs/<name>/geometry.json and the figures runs/<name>/geometry_<name>_*.png.
 `analyze(checkpoint_path, fig_dir, n_seqs, seed) -> dict` does the same from Python.
 
 The probes (shared/PAPERS.md, "What the trained transformer shows"):
@@ -25,8 +25,6 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # see bayesattn.py: BLAS thr
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
 import argparse  # noqa: E402
-import glob  # noqa: E402
-import json  # noqa: E402
 import math  # noqa: E402
 import sys  # noqa: E402
 
@@ -34,7 +32,11 @@ import numpy as np  # noqa: E402
 from scipy.stats import spearmanr  # noqa: E402
 
 import bayesattn as ba  # noqa: E402
+import formation  # noqa: E402
+import plots  # noqa: E402
 import windtunnels as wt  # noqa: E402
+from checkpoints import load_checkpoint, plain, write_json  # noqa: E402
+from evaluation import calibration as _calibration, scored_columns  # noqa: E402
 
 PROBE_SEED = 2_000_003      # held-out stream of the probes (training draws default_rng((seed, step)))
 HMM_K = 20                  # observations per HMM probe sequence (the training length)
@@ -42,7 +44,6 @@ RANDOM_INIT_SEEDS = (101, 102, 103, 104, 105)  # untrained baselines of the key 
 GAUSSIAN_DRAWS = 50         # draws of random Gaussian vectors for the key-frame baseline
 SNAPSHOT_SEQS = 200         # probe sequences per training snapshot (probe 6) ...
 SNAPSHOT_FLOATS = 2e7       # ... fewer if one snapshot's attention (n L NH T T floats) would exceed this
-SETTLE_FRACTION = 0.1       # a series settles once its per-step change stays below this x its maximum
 N_PROB = wt.HMM_S * wt.HMM_S  # HMM header: T (N_PROB tokens) SEP E (N_PROB tokens) SEP
 E_START = N_PROB + 1        # position of E[0, 0]; E[s, o] sits at E_START + S s + o
 
@@ -73,13 +74,9 @@ def probe_batch(task, cfg, n, seed):
 
 
 def supervised_columns(batch):
-    """Positions the probes read (the same in every row): every supervised position but a final query,
-    whose posterior is always one-hot (train.evaluate leaves it out of the paper metric too): (P,) int."""
-    cols = np.flatnonzero(batch["mask"][0] > 0)
-    assert np.all(batch["mask"][:, cols] > 0)
-    if "query_mask" in batch:
-        cols = np.setdiff1d(cols, np.flatnonzero(batch["query_mask"][0] > 0))
-    return cols
+    """Positions the probes read (the same in every row): those of the paper's curve, every supervised
+    position but the sawtooth's final query (evaluation.scored_columns): (P,) int."""
+    return scored_columns(batch)[0]
 
 
 def token_names(task, cfg, tokens):
@@ -284,9 +281,14 @@ def pca(X):
     return Xc @ Vt.T, var / max(var.sum(), 1e-300)
 
 
+def constant(a):
+    """True when a varies by less than rounding: every entropy of a position equal up to 1e-9 bits."""
+    return np.ptp(a) <= 1e-9 * max(1.0, float(np.abs(a).max()))
+
+
 def spearman(a, b):
-    """Spearman rank correlation; None when either side is constant."""
-    if np.ptp(a) == 0 or np.ptp(b) == 0:
+    """Spearman rank correlation; None when either side is constant (up to rounding, see constant())."""
+    if constant(a) or constant(b):
         return None
     return float(spearmanr(a, b)[0])
 
@@ -375,17 +377,19 @@ def authors_key_frame(params, cfg, task):
 
 def pearson(a, b):
     """Pearson correlation; None when either side is constant."""
+    if constant(a) or constant(b):
+        return None
     a, b = np.asarray(a, np.float64) - np.mean(a), np.asarray(b, np.float64) - np.mean(b)
-    den = math.sqrt(float(a @ a) * float(b @ b))
-    return float(a @ b) / den if den > 0 else None
+    return float(a @ b) / math.sqrt(float(a @ a) * float(b @ b))
 
 
 def r_squared(X, y):
-    """R^2 of the least-squares fit y ~ X w + c (in sample); None when y is constant."""
+    """R^2 of the least-squares fit y ~ X w + c (in sample, so in [0, 1]); None when y is constant."""
+    if constant(y):
+        return None
     A = np.c_[X, np.ones(len(X))]
     w = np.linalg.lstsq(A, y, rcond=None)[0]
-    ss_tot = float(((y - y.mean()) ** 2).sum())
-    return 1.0 - float(((y - A @ w) ** 2).sum()) / ss_tot if ss_tot > 0 else None
+    return 1.0 - float(((y - A @ w) ** 2).sum()) / float(((y - y.mean()) ** 2).sum())
 
 
 def authors_manifold(X, h_bayes, position, n_pcs=5):
@@ -415,32 +419,19 @@ def frame_basis(params, task, cfg, rank=None):
     return Vt[:keep].T                                               # (C, r)
 
 
-def projection_overlap(U, W):
-    """||U^T W||_F^2 / min(r1, r2) for orthonormal bases U (C, r1), W (C, r2): 1 iff one contains the other.
-    A uniformly random r1-dimensional U has expected overlap r1 r2 / C / min(r1, r2)."""
-    return float((np.linalg.svd(U.T @ W, compute_uv=False) ** 2).sum() / min(U.shape[1], W.shape[1]))
-
-
-def random_overlap(C, r1, r2):
-    """Expected projection overlap of a uniformly random r1-dimensional subspace with a fixed r2-dimensional
-    one in R^C: E||U^T W||_F^2 = r1 r2 / C, divided by min(r1, r2)."""
-    return r1 * r2 / C / min(r1, r2)
-
-
 # ----------------------------------------------------------------------------
 # probe 4: logit lens, the final LayerNorm and unembedding applied to every residual stream
 
 def lens_proba(params, x):
     """Residual stream x (..., C) -> predictive distribution (..., K) of the final LN + unembedding."""
     xf, _ = ba.layernorm_forward(x, params["lnf.g"], params["lnf.b"])
-    return ba.softmax_ref((xf @ params["unembed.w"] + params["unembed.b"]).astype(np.float64))
+    return ba.softmax.numpy((xf @ params["unembed.w"] + params["unembed.b"]).astype(np.float64))
 
 
 def calibration(q, post):
-    """q, post (n, P, K) -> paper entropy MAE (mean over sequences per position first), KL (bits)."""
-    h_model, h_bayes = wt.entropy_bits(q), wt.entropy_bits(post)    # (n, P)
-    return {"entropy_mae_bits": float(np.abs(h_model.mean(0) - h_bayes.mean(0)).mean()),
-            "kl_bits": float(wt.kl_bits(post, q).mean())}
+    """q, post (n, P, K) -> the paper's entropy MAE and the KL, in bits (evaluation.calibration)."""
+    c = _calibration(q, post)[0]
+    return {"entropy_mae_bits": c["entropy_mae_bits"], "kl_bits": c["kl_bits"]}
 
 
 def logit_lens(params, cache, batch):
@@ -465,7 +456,7 @@ def logit_lens(params, cache, batch):
 def ablated_calibration(params, cfg, batch, head_mask):
     cols = supervised_columns(batch)
     logits, _ = ba.forward(params, batch["tokens"], cfg, head_mask=head_mask)
-    return calibration(ba.softmax_ref(logits[:, cols].astype(np.float64)), batch["posterior"][:, cols])
+    return calibration(ba.softmax.numpy(logits[:, cols].astype(np.float64)), batch["posterior"][:, cols])
 
 
 def ablations(params, cfg, batch):
@@ -501,45 +492,7 @@ def ablations(params, cfg, batch):
 
 
 # ----------------------------------------------------------------------------
-# probe 6: frame-precision dissociation across training snapshots
-#   frame change between consecutive snapshots a, b: mean over sequences, heads and every query
-#   row i of the total-variation distance TV_i = 1/2 sum_j |alpha^b_ij - alpha^a_ij|, per layer;
-#   divided by the steps between them it is a rate (per step).
-#   A series settles at the first snapshot step s after which its per-step change stays below
-#   SETTLE_FRACTION x its maximum: frame = mean over layers of the TV rate; precision = the rate
-#   of |change of log10 entropy MAE| (calibration improves in orders of magnitude).
-#   A second, scale-free rule: progress from the first snapshot (0) to the last (1), frame =
-#   1 - TV(alpha_s, alpha_last) / TV(alpha_first, alpha_last), precision = the fraction of the drop
-#   in log10 entropy MAE; the "90pct" step is the first after which progress stays >= 0.9.
-
-def attention_tv(alpha_a, alpha_b):
-    """Mean total-variation distance between corresponding attention rows (..., T): a float."""
-    return float(0.5 * np.abs(alpha_a - alpha_b).sum(-1).mean(dtype=np.float64))
-
-
-def settling_step(steps, change, frac=SETTLE_FRACTION):
-    """steps (S,) snapshot steps; change (S-1,) per-step change between consecutive snapshots.
-    -> the first step s_k after which change[k:] < frac * max(change) stays true (None if never)."""
-    change = np.asarray(change, dtype=np.float64)
-    if len(change) == 0 or not np.isfinite(change).all() or change.max() <= 0:
-        return None
-    return first_step_staying(steps, change < frac * change.max())
-
-
-def first_step_staying(steps, ok):
-    """-> the first steps[k] from which ok[k:] is all true (None if ok[-1] is false)."""
-    ok = np.asarray(ok, dtype=bool)
-    for k in range(len(ok)):
-        if ok[k:].all():
-            return int(steps[k])
-    return None
-
-
-def snapshot_paths(run_dir):
-    """-> [(step, path)] of runs/<name>/snapshots/step_XXXXXXX.npz, sorted by step."""
-    paths = glob.glob(os.path.join(run_dir, "snapshots", "step_*.npz"))
-    return sorted((int(os.path.basename(p)[5:-4]), p) for p in paths)
-
+# probe 6 (formation.py): one snapshot, measured
 
 def snapshot_state(params, cfg, batch, task):
     """-> attention (per layer, (n, NH, T, T)), a dict of numbers: calibration, per-layer attention
@@ -547,7 +500,7 @@ def snapshot_state(params, cfg, batch, task):
     cols = supervised_columns(batch)
     logits, cache = ba.forward(params, batch["tokens"], cfg)
     post = batch["posterior"][:, cols]
-    state = calibration(ba.softmax_ref(logits[:, cols].astype(np.float64)), post)
+    state = calibration(ba.softmax.numpy(logits[:, cols].astype(np.float64)), post)
     att = attention_probe(cache, batch, task, cfg)
     state["attention_entropy_bits"] = [l["entropy_bits_mean"] for l in att["layers"]]
     state["consistent_mass"] = [float(np.mean(l["consistent_mass"])) for l in att["layers"]]
@@ -555,328 +508,6 @@ def snapshot_state(params, cfg, batch, task):
                               wt.entropy_bits(post).reshape(-1))
     state["abs_spearman_pc1_entropy"] = stats["abs_spearman_pc1_entropy"]
     return [lc["alpha"] for lc in cache["layers"]], state
-
-
-def frame_precision(run_dir, cfg, batch, task):
-    """Probe 6 over the snapshots of a run; None with fewer than two snapshots."""
-    snaps = snapshot_paths(run_dir)
-    if len(snaps) < 2:
-        return None
-    load = lambda path: ba.load_checkpoint(path)[0]
-    last = load(snaps[-1][1])
-    final = snapshot_state(last, cfg, batch, task)[0]                 # attention of the last snapshot
-    final_frame = frame_basis(last, task, cfg)                        # (C, k) the authors' final frame
-    steps, states, tv, to_final, overlap, prev = [], [], [], [], [], None
-    for step, path in snaps:
-        params = load(path)
-        alphas, state = snapshot_state(params, cfg, batch, task)
-        overlap.append(projection_overlap(frame_basis(params, task, cfg, AUTHORS_FRAME_RANK), final_frame))
-        if prev is not None:
-            tv.append([attention_tv(a, b) for a, b in zip(prev, alphas)])  # (L,) per layer
-        to_final.append([attention_tv(a, b) for a, b in zip(alphas, final)])
-        steps.append(step)
-        states.append(state)
-        prev = alphas
-    series = {key: [s[key] for s in states] for key in states[0]}
-    gaps = np.diff(steps).astype(np.float64)                          # (S-1,)
-    tv, to_final = np.asarray(tv), np.asarray(to_final)               # (S-1, L), (S, L)
-    log_mae = np.log10(np.maximum(series["entropy_mae_bits"], 1e-12))  # (S,)
-    frame_rate = tv.mean(1) / gaps                                    # (S-1,)
-    precision_rate = np.abs(np.diff(log_mae)) / gaps                  # (S-1,)
-    frame_progress = 1.0 - to_final.mean(1) / max(to_final.mean(1)[0], 1e-300)
-    drop = log_mae[0] - log_mae[-1]
-    precision_progress = (log_mae[0] - log_mae) / drop if drop != 0 else np.ones_like(log_mae)
-    return {"steps": steps, **series,
-            "attention_tv_per_layer": tv.tolist(), "attention_tv_rate": frame_rate.tolist(),
-            "precision_rate": precision_rate.tolist(),
-            "attention_tv_to_final_per_layer": to_final.tolist(),
-            "frame_progress": frame_progress.tolist(), "precision_progress": precision_progress.tolist(),
-            "frame_settle_step": settling_step(steps, frame_rate),
-            "frame_settle_step_per_layer": [settling_step(steps, tv[:, l] / gaps) for l in range(tv.shape[1])],
-            "precision_settle_step": settling_step(steps, precision_rate),
-            "frame_90pct_step": first_step_staying(steps, frame_progress >= 0.9),
-            "precision_90pct_step": first_step_staying(steps, precision_progress >= 0.9),
-            "probe_sequences": int(len(batch["tokens"])),
-            "authors": authors_frame_precision(steps, overlap, series["entropy_mae_bits"],
-                                               random_overlap(cfg.d_model, min(AUTHORS_FRAME_RANK, final_frame.shape[1]),
-                                                              final_frame.shape[1]))}
-
-
-def authors_frame_precision(steps, overlap, mae, chance):
-    """The authors' reading of probe 6: the frame's overlap with its final version as a multiple of chance,
-    against the calibration (entropy MAE). The frame plateaus at the first snapshot from which the ratio
-    stays >= 90% of its last value; the calibration gain after it is MAE(plateau) / MAE(last)."""
-    ratio = np.asarray(overlap) / chance
-    plateau = first_step_staying(steps, ratio >= 0.9 * ratio[-1])
-    k = steps.index(plateau) if plateau is not None else None
-    near_300 = int(np.argmin(np.abs(np.log(np.asarray(steps, np.float64) / 300.0))))
-    return {"overlap": list(overlap), "chance_overlap": chance, "ratio_to_chance": ratio.tolist(),
-            "ratio_ceiling": 1.0 / chance, "step_nearest_300": int(steps[near_300]),
-            "ratio_nearest_300": float(ratio[near_300]), "frame_plateau_step": plateau,
-            "ratio_at_plateau": None if k is None else float(ratio[k]),
-            "entropy_mae_at_plateau_bits": None if k is None else float(mae[k]),
-            "calibration_gain_after_plateau": None if k is None or mae[-1] <= 0 else float(mae[k] / mae[-1])}
-
-
-# ----------------------------------------------------------------------------
-# figures
-
-def _plt():
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
-
-
-def _save(fig, path):
-    fig.savefig(path, dpi=120)
-    _plt().close(fig)
-    return path
-
-
-GROUP_LABELS = {"keys": "key", "values": "value", "tokens": "key or value", "observations": "observation",
-                "probabilities": "probability"}
-RECIPE_LABELS = {"ln": "LN1 W_K", "ln_centred": "LN1 W_K,\ncentred", "raw": "wte W_K\n(authors')",
-                 "value_ln": "LN1 W_V\n(values)"}
-
-
-def plot_key_frame(stats, matrices, cfg, title, path):
-    plt = _plt()
-    groups, NH = list(stats["ln"]), cfg.n_heads
-    fig = plt.figure(figsize=(2.3 * NH + 6.0, 4.4 * len(groups) + 1.0), layout="constrained")
-    grid = fig.add_gridspec(2 * len(groups), NH + 2)
-    heat = []
-    for g, name in enumerate(groups):
-        for r, recipe in enumerate(("ln", "ln_centred")):
-            for h in range(NH):
-                ax = fig.add_subplot(grid[2 * g + r, h])
-                im = ax.imshow(matrices[(recipe, name)][h], cmap="RdBu_r", vmin=-1, vmax=1)
-                ax.set_title(f"{GROUP_LABELS[name]} tokens, head {h}{', centred' if r else ''}\n"
-                             f"mean|cos| {stats[recipe][name]['mean_abs_offdiag_per_head'][h]:.3f}", fontsize=7)
-                ax.set_xlabel(f"{GROUP_LABELS[name]} token", fontsize=6)
-                if h == 0:
-                    ax.set_ylabel(f"{GROUP_LABELS[name]} token", fontsize=6)
-                ax.tick_params(labelsize=5)
-                heat.append(ax)
-        ax = fig.add_subplot(grid[2 * g:2 * g + 2, NH:])
-        for b, (key, label, color) in enumerate((("mean_abs_offdiag", "trained", "C0"),
-                                                 ("random_init_mean_abs_offdiag", "random init (5 seeds)", "C1"),
-                                                 ("gaussian_mean_abs_offdiag", "random Gaussian vectors", "C7"))):
-            ax.bar(np.arange(len(RECIPES)) + 0.27 * (b - 1), [stats[r][name][key] for r in RECIPES],
-                   width=0.27, color=color, label=label)
-        ax.axhline(stats["ln"][name]["welch_rms_lower_bound"], color="k", ls=":", lw=1,
-                   label="Welch bound on RMS cosine")
-        ax.set_xticks(np.arange(len(RECIPES)))
-        ax.set_xticklabels([RECIPE_LABELS[r] for r in RECIPES], fontsize=7)
-        ax.set_ylabel("mean |off-diagonal cosine|")
-        ax.set_ylim(0, 1.05)
-        s = stats["ln"][name]
-        ax.set_title(f"{GROUP_LABELS[name]} tokens: {s['n_tokens']} vectors in R^{s['head_size']} per head, mean over heads",
-                     fontsize=8)
-        ax.legend(fontsize=7, frameon=False, loc="upper right")
-    fig.colorbar(im, ax=heat, shrink=0.5, label="cosine similarity")
-    fig.suptitle(f"{title}: layer-0 vectors per token type\nkeys = LN1(wte[tok] + p) W_K + b_K, p = mean position "
-                 f"of the type; raw = wte[tok] W_K; values = LN1(wte[tok] + p) W_V + b_V", fontsize=10)
-    return _save(fig, path)
-
-
-def plot_attention_maps(cache, tokens, names, cfg, title, path):
-    from matplotlib.colors import PowerNorm
-    plt = _plt()
-    NH, L = cfg.n_heads, cfg.n_layers
-    layers = list(range(L)) if L <= 4 else [0, L // 2, L - 1]      # always the first and the last layer
-    T = len(tokens)
-    fig, axes = plt.subplots(len(layers), NH, figsize=(3.6 * NH + 1.2, 3.7 * len(layers) + 0.6),
-                             squeeze=False, layout="constrained")
-    ticks = np.arange(0, T, max(1, -(-T // 40)))                   # every position up to T = 40
-    fs = 5 if len(ticks) > 24 else 6
-    for r, l in enumerate(layers):
-        for h in range(NH):
-            ax = axes[r, h]
-            im = ax.imshow(cache["layers"][l]["alpha"][0, h], cmap="magma", norm=PowerNorm(0.5, vmin=0, vmax=1))
-            ax.set_title(f"layer {l}, head {h}", fontsize=9)
-            ax.set_xticks(ticks)
-            ax.set_xticklabels([names[t] for t in ticks], rotation=90, fontsize=fs)
-            ax.set_yticks(ticks)
-            ax.set_yticklabels([names[t] for t in ticks], fontsize=fs)
-            ax.set_xlabel("attended position j", fontsize=7)
-            if h == 0:
-                ax.set_ylabel("query position i", fontsize=7)
-    fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.6, label="attention weight alpha_ij (square-root scale)")
-    fig.suptitle(f"{title}: attention of one held-out sequence, layers {', '.join(map(str, layers))}")
-    return _save(fig, path)
-
-
-def plot_attention_entropy(att, task, cfg, title, path):
-    plt = _plt()
-    L = len(att["layers"])
-    x = np.arange(L)
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    H = np.array([l["entropy_bits"] for l in att["layers"]])        # (L, NH)
-    M = np.array([l["consistent_mass"] for l in att["layers"]])     # (L, NH)
-    for h in range(H.shape[1]):
-        axes[0].plot(x, H[:, h], "o-", ms=4, lw=1, alpha=0.7, label=f"head {h}")
-        axes[1].plot(x, M[:, h], "o-", ms=4, lw=1, alpha=0.7, label=f"head {h}")
-    axes[0].plot(x, H.mean(1), "k-", lw=2.5, label="mean over heads")
-    axes[0].axhline(att["uniform_entropy_bits"], color="gray", ls="--", label="uniform causal attention")
-    axes[1].axhline(att["uniform_consistent_mass"], color="gray", ls="--", label="uniform causal attention")
-    axes[0].set_ylabel("attention entropy at supervised rows (bits)")
-    evidence = ("earlier values (eliminated) / the answer if the key repeats" if task != "hmm"
-                else "emission column E[:, o_t] of the current observation")
-    axes[1].set_ylabel("attention mass on evidence positions")
-    axes[1].set_title(f"evidence: {evidence}", fontsize=8)
-    axes[0].set_title("attention entropy by layer", fontsize=9)
-    axes[0].set_ylim(0, 1.08 * att["uniform_entropy_bits"])
-    axes[1].set_ylim(0, 1.02)
-    for ax in axes:
-        ax.set_xlabel("layer")
-        ax.set_xticks(x)
-        ax.legend(fontsize=7, frameon=False, loc="lower left")
-    fig.suptitle(f"{title}: query-key sharpening (held-out sequences, rows at supervised positions)")
-    fig.tight_layout()
-    return _save(fig, path)
-
-
-def plot_manifold(man, xy, title, path, max_points=4000):
-    plt = _plt()
-    attn_xy, resid_xy, h = xy
-    idx = np.random.default_rng(0).permutation(len(h))[:max_points]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.6))
-    for ax, pts, key, name in ((axes[0], attn_xy, "attn_out_last", "last layer attention output"),
-                               (axes[1], resid_xy, "residual_final", "final residual stream")):
-        s = man[key]
-        sc = ax.scatter(pts[idx, 0], pts[idx, 1], c=h[idx], s=5, cmap="viridis", alpha=0.7)
-        fmt = lambda r: "n/a" if r is None else f"{r:+.3f}"
-        ax.set_title(f"{name}\nPC1 {100 * s['pc1_variance']:.1f}%, PC1+2 {100 * s['pc12_variance']:.1f}% of variance; "
-                     f"Spearman(PC1, H) = {fmt(s['spearman_pc1_entropy'])}\ncontrols: Spearman(PC1, position) = "
-                     f"{fmt(s['spearman_pc1_position'])}, within-position = {fmt(s['mean_within_position_spearman'])}",
-                     fontsize=8)
-        ax.set_xlabel("PC1")
-        ax.set_ylabel("PC2")
-        fig.colorbar(sc, ax=ax, label="posterior entropy H_Bayes (bits)")
-    fig.suptitle(f"{title}: the entropy-ordered manifold at supervised positions")
-    fig.tight_layout()
-    return _save(fig, path)
-
-
-def plot_logit_lens(lens, title, path):
-    plt = _plt()
-    n = len(lens["kl_bits"])
-    labels = ["embedding"] + [f"after block {l}" for l in range(n - 1)]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    axes[0].semilogy(np.arange(n), np.maximum(lens["kl_bits"], 1e-6), "o-")
-    axes[0].set_xticks(np.arange(n))
-    axes[0].set_xticklabels(labels, fontsize=8)
-    axes[0].set_ylabel("mean KL(posterior || lens) (bits)")
-    axes[0].set_xlabel("residual stream read by the lens")
-    axes[0].set_title("KL of the lens prediction by layer", fontsize=9)
-    pos = np.arange(1, len(lens["bayes_entropy_by_position_bits"]) + 1)
-    axes[1].plot(pos, lens["bayes_entropy_by_position_bits"], "k-", lw=3, alpha=0.35, label="exact Bayes")
-    for l, hs in enumerate(lens["entropy_by_position_bits"]):
-        axes[1].plot(pos, hs, "o-", ms=2.5, lw=1, label=labels[l])
-    axes[1].set_xlabel("supervised position (1 = first)")
-    axes[1].set_ylabel("predictive entropy, mean over sequences (bits)")
-    axes[1].set_title("lens entropy by position", fontsize=9)
-    axes[1].legend(fontsize=7, frameon=False)
-    fig.suptitle(f"{title}: logit lens (final LayerNorm + unembedding on each residual stream)")
-    fig.tight_layout()
-    return _save(fig, path)
-
-
-def plot_ablations(abl, title, path):
-    plt = _plt()
-    rows = ([("none", abl["baseline"])] + [(f"L{r['layer']}H{r['head']}", r) for r in abl["heads"]]
-            + [(f"L{r['layer']} all", r) for r in abl["layers"]])
-    names = [n for n, _ in rows]
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
-    worst = abl["hypothesis_frame_head"]["name"]
-    colors = ["k"] + ["C3" if n == worst else "C0" for n in names[1:-len(abl["layers"])]] + ["C1"] * len(abl["layers"])
-    for ax, key, label in ((axes[0], "kl_bits", "mean KL(posterior || model) (bits)"),
-                           (axes[1], "entropy_mae_bits", "entropy MAE, paper metric (bits)")):
-        ax.bar(np.arange(len(rows)), [max(r[key], 1e-6) for _, r in rows], color=colors)
-        ax.axhline(max(abl["baseline"][key], 1e-6), color="k", ls="--", lw=0.8)
-        ax.set_yscale("log")
-        ax.set_xticks(np.arange(len(rows)))
-        ax.set_xticklabels(names, rotation=90, fontsize=7)
-        ax.set_ylabel(label)
-        ax.set_xlabel("ablated (none / one head / all heads of a layer)")
-    axes[0].set_title(f"red: the hypothesis-frame head {worst} (largest KL increase)", fontsize=9)
-    axes[1].set_title("orange: a whole layer's attention removed", fontsize=9)
-    fig.suptitle(f"{title}: zero-ablation of attention heads")
-    fig.tight_layout()
-    return _save(fig, path)
-
-
-def plot_frame_precision(fp, title, path):
-    plt = _plt()
-    steps = np.asarray(fp["steps"])
-    mid = np.sqrt(steps[1:] * steps[:-1])                           # geometric midpoints of the intervals
-    tv = np.asarray(fp["attention_tv_per_layer"])                    # (S-1, L)
-    gaps = np.diff(steps)
-    fig, axes = plt.subplots(2, 3, figsize=(19, 8.5))
-    (a, b, e), (c, d, f) = axes
-    for l in range(tv.shape[1]):
-        a.loglog(mid, np.maximum(tv[:, l] / gaps, 1e-12), "o-", ms=3, label=f"layer {l}")
-    a.loglog(mid, np.maximum(fp["attention_tv_rate"], 1e-12), "k-", lw=2, label="mean over layers")
-    a.set_ylabel("attention change per step (TV distance / step)")
-    a.set_title("frame: how fast the attention rows move between snapshots", fontsize=9)
-    b.loglog(steps, fp["entropy_mae_bits"], "o-", color="C3", ms=3, label="entropy MAE (bits)")
-    b.loglog(steps, fp["kl_bits"], "s-", color="C4", ms=3, label="KL (bits)")
-    b.set_ylabel("calibration error (bits)")
-    b.set_title("precision: calibration against the exact posterior", fontsize=9)
-    twin = b.twinx()
-    twin.semilogx(steps, [np.nan if r is None else r for r in fp["abs_spearman_pc1_entropy"]], "^-",
-                  color="C2", ms=3, label="|Spearman(PC1, H)|, final residual")
-    twin.set_ylabel("|Spearman(PC1 of final residual, H_Bayes)|")
-    twin.set_ylim(0, 1.05)
-    mass = np.asarray(fp["consistent_mass"])                        # (S, L)
-    for l in range(mass.shape[1]):
-        c.semilogx(steps, mass[:, l], "o-", ms=3, label=f"layer {l}")
-    c.set_ylabel("attention mass on evidence positions (mean over heads)")
-    c.set_title("frame, functionally: routing onto the evidence", fontsize=9)
-    d.semilogx(steps, fp["frame_progress"], "o-", color="k", ms=3,
-               label="frame: 1 - TV(attention, last) / TV(first, last)")
-    d.semilogx(steps, fp["precision_progress"], "o-", color="C3", ms=3,
-               label="precision: fraction of the log10 entropy-MAE drop")
-    d.axhline(0.9, color="gray", lw=0.8)
-    d.set_ylabel("progress from first to last snapshot")
-    d.set_title("progress (0 = first snapshot, 1 = last)", fontsize=9)
-    au = fp["authors"]                                              # the authors' reading: frame overlap vs calibration
-    gain = "n/a" if au["calibration_gain_after_plateau"] is None else f"{au['calibration_gain_after_plateau']:.3g}"
-    e.semilogx(steps, au["ratio_to_chance"], "o-", color="k", ms=3, label="frame overlap with the last, x chance")
-    e.axhline(au["ratio_ceiling"], color="gray", ls=":", lw=1, label=f"ceiling {au['ratio_ceiling']:.2f}x (= C / rank)")
-    e.axhline(1.0, color="gray", lw=0.8)
-    if au["frame_plateau_step"] is not None:
-        e.axvline(au["frame_plateau_step"], color="C2", ls="--", lw=1,
-                  label=f"plateau ({au['frame_plateau_step']}), then calibration x{gain}")
-    e.set_ylabel("projection overlap / a random subspace's")
-    e.set_title("the authors' frame: span of LN1(wte[h]), h the hypotheses", fontsize=9)
-    twin_e = e.twinx()
-    twin_e.loglog(steps, fp["entropy_mae_bits"], "s-", color="C3", ms=3, label="entropy MAE (bits)")
-    twin_e.set_ylabel("calibration: entropy MAE (bits)")
-    h1, l1 = e.get_legend_handles_labels()
-    h2, l2 = twin_e.get_legend_handles_labels()
-    e.legend(h1 + h2, l1 + l2, fontsize=7, frameon=False, loc="center left")
-    f.axis("off")
-    f.text(0, 0.9, "the authors (their checkpoints, Jacobian-lens subspaces):\n" + AUTHORS_NUMBERS["frame_precision"]
-           + f"\n\nthis run: {au['ratio_nearest_300']:.2f}x chance at step {au['step_nearest_300']},\nplateau at step "
-           f"{au['frame_plateau_step']}, calibration x{gain} after it", va="top",
-           fontsize=9, wrap=True)
-    for ax in (a, b, c, d, e):
-        ax.set_xlabel("training step")
-        for key, ls, name in (("frame_settle_step", "--", "frame settles"),
-                              ("precision_settle_step", ":", "precision settles")):
-            if fp[key] is not None:
-                ax.axvline(fp[key], color="k", ls=ls, lw=1, label=f"{name} ({fp[key]})")
-    for ax in (a, c, d):
-        ax.legend(fontsize=7, frameon=False, loc="upper left")
-    h1, l1 = b.get_legend_handles_labels()
-    h2, l2 = twin.get_legend_handles_labels()
-    b.legend(h1 + h2, l1 + l2, fontsize=7, frameon=False, loc="lower left")
-    fig.suptitle(f"{title}: frame-precision dissociation\n(a series settles at the first snapshot after which its "
-                 f"change per step stays < {SETTLE_FRACTION:g} x its maximum)")
-    fig.tight_layout()
-    return _save(fig, path)
 
 
 # ----------------------------------------------------------------------------
@@ -910,7 +541,7 @@ DEFINITIONS = {
                        "(fewer for long sequences: see probe_sequences). Frame change = mean TV distance between "
                        "attention rows (all query rows) of consecutive snapshots, per layer, divided by the steps "
                        "between them. A series settles at the first snapshot step after which its per-step change "
-                       f"stays below {SETTLE_FRACTION:g} x its maximum; frame series = mean over layers, precision "
+                       f"stays below {formation.SETTLE_FRACTION:g} x its maximum; frame series = mean over layers, precision "
                        "series = |change of log10 entropy MAE| per step. Second rule (90pct): progress from the "
                        "first to the last snapshot (frame: 1 - TV to the last attention / the same at the first "
                        "snapshot; precision: fraction of the log10 entropy-MAE drop) stays >= 0.9 from then on.",
@@ -947,26 +578,10 @@ AUTHORS_NUMBERS = {   # what the authors report (shared/PAPERS.md), for the side
 }
 
 
-def plain(obj):
-    """numpy scalars and arrays -> JSON types; non-finite floats -> None."""
-    if isinstance(obj, dict):
-        return {str(k): plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [plain(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return plain(obj.tolist())
-    if isinstance(obj, (bool, np.bool_)):
-        return bool(obj)
-    if isinstance(obj, (int, np.integer)):
-        return int(obj)
-    if isinstance(obj, (float, np.floating)):
-        return float(obj) if math.isfinite(obj) else None
-    return obj
-
-
-def analyze(checkpoint_path, fig_dir="figures", n_seqs=500, seed=0, threads=1):
-    """All six probes of one checkpoint: figures into fig_dir, numbers into geometry.json beside the
-    checkpoint; returns the same dict. threads: Numba threads while it runs (restored after)."""
+def analyze(checkpoint_path, fig_dir=None, n_seqs=500, seed=0, threads=1):
+    """All six probes of one checkpoint: numbers into geometry.json beside the checkpoint, figures into
+    fig_dir (default: that run directory); returns the same dict. threads: Numba threads while it runs
+    (restored after)."""
     import numba
     prev_threads = numba.get_num_threads()
     numba.set_num_threads(max(1, min(threads, prev_threads)))
@@ -977,13 +592,14 @@ def analyze(checkpoint_path, fig_dir="figures", n_seqs=500, seed=0, threads=1):
 
 
 def _analyze(checkpoint_path, fig_dir, n_seqs, seed):
-    params, cfg, meta, _ = ba.load_checkpoint(checkpoint_path)
+    params, cfg, meta, _ = load_checkpoint(checkpoint_path)
     if not isinstance(cfg, ba.Config):
         raise ValueError(f"{checkpoint_path!r} is not a transformer checkpoint")
     task = task_of(cfg, meta)
     run_dir = os.path.dirname(os.path.abspath(checkpoint_path))
     run = os.path.basename(run_dir)
     title = f"{run} ({task})"
+    fig_dir = fig_dir or run_dir
     os.makedirs(fig_dir, exist_ok=True)
     fig = lambda name: os.path.join(fig_dir, f"geometry_{run}_{name}.png")
 
@@ -998,17 +614,22 @@ def _analyze(checkpoint_path, fig_dir, n_seqs, seed):
     T = batch["tokens"].shape[1]
     n_snap = min(SNAPSHOT_SEQS, max(16, int(SNAPSHOT_FLOATS / (cfg.n_layers * cfg.n_heads * T * T))))
     small = {k: v[:n_snap] for k, v in batch.items()}
-    fp = frame_precision(run_dir, cfg, small, task)
-
-    figures = [plot_key_frame(frame, matrices, cfg, title, fig("key_frame")),
-               plot_attention_maps(cache, batch["tokens"][0], token_names(task, cfg, batch["tokens"][0]), cfg,
-                                   title, fig("attention_maps")),
-               plot_attention_entropy(att, task, cfg, title, fig("attention_entropy")),
-               plot_manifold(man, xy, title, fig("value_manifold")),
-               plot_logit_lens(lens, title, fig("logit_lens")),
-               plot_ablations(abl, title, fig("ablations"))]
+    snaps = [(step, load_checkpoint(path)[0]) for step, path in formation.snapshot_paths(run_dir)]
+    fp = formation.frame_precision(snaps, lambda p: snapshot_state(p, cfg, small, task),
+                                   lambda p, rank: frame_basis(p, task, cfg, rank), AUTHORS_FRAME_RANK, cfg.d_model)
     if fp is not None:
-        figures.append(plot_frame_precision(fp, title, fig("frame_precision")))
+        fp["probe_sequences"] = n_snap
+
+    figures = [plots.plot_key_frame(frame, matrices, cfg, title, fig("key_frame")),
+               plots.plot_attention_maps(cache, batch["tokens"][0], token_names(task, cfg, batch["tokens"][0]),
+                                         cfg, title, fig("attention_maps")),
+               plots.plot_attention_entropy(att, task, cfg, title, fig("attention_entropy")),
+               plots.plot_manifold(man, xy, title, fig("value_manifold")),
+               plots.plot_logit_lens(lens, title, fig("logit_lens")),
+               plots.plot_ablations(abl, title, fig("ablations"))]
+    if fp is not None:
+        fp["authors_number"] = AUTHORS_NUMBERS["frame_precision"]
+        figures.append(plots.plot_frame_precision(fp, title, fig("frame_precision")))
 
     authors = {"key_frame": authors_key_frame(params, cfg, task), "manifold": man["authors"],
                "frame_head": abl["authors_frame_head"], "frame_precision": fp["authors"] if fp else None}
@@ -1019,8 +640,7 @@ def _analyze(checkpoint_path, fig_dir, n_seqs, seed):
         "definitions": DEFINITIONS,
         "key_frame": frame, "attention": att, "manifold": man, "logit_lens": lens, "ablations": abl,
         "frame_precision": fp, "figures": figures})
-    with open(os.path.join(run_dir, "geometry.json"), "w") as f:
-        json.dump(out, f, indent=1)
+    write_json(os.path.join(run_dir, "geometry.json"), out)
     return out
 
 
@@ -1080,21 +700,23 @@ def main(argv=None):
         sys.exit(2)
     p.error = fail
     p.add_argument("checkpoint", help="runs/<name>/checkpoint.npz")
-    p.add_argument("--figures", default="figures", help="where the geometry_*.png figures go")
+    p.add_argument("--figures", help="where the geometry_*.png figures go (default: the run directory)")
     p.add_argument("--n-seqs", type=int, default=500, help="held-out probe sequences")
     p.add_argument("--seed", type=int, default=0, help="seed of the probe sequences")
     args = p.parse_args(argv)
     if args.n_seqs < 2:
         p.error(f"--n-seqs {args.n_seqs}: must be at least 2")
+    import kernels
+    kernels.enable()                                 # the fast path (the same numbers as the NumPy one)
     try:
         g = analyze(args.checkpoint, args.figures, args.n_seqs, args.seed)
     except ValueError as e:
         p.error(str(e))
     except OSError as e:
-        p.error(f"--figures {args.figures!r} cannot be written ({e.strerror})")
+        p.error(f"{e.filename or args.figures!r} cannot be written ({e.strerror})")
     print(summary(g))
     print(f"wrote {os.path.join(os.path.dirname(os.path.abspath(args.checkpoint)), 'geometry.json')} "
-          f"and {len(g['figures'])} figures in {args.figures}/")
+          f"and {len(g['figures'])} figures in {os.path.dirname(g['figures'][0])}/")
     return g
 
 

@@ -36,14 +36,14 @@ one-hot of t would add nothing the input layer cannot already express: adding P_
 V rows of slot j makes the cumulative sum contribute P_t at position t, for any table P (T_max, H)
 (P_{-1} = 0). Also left out of both: dropout.
 
-Gradient convention (as in bayesattn): every backward returns FRESH arrays, and `mlp_backward`
+Gradient convention (as in layers.py): every backward returns FRESH arrays, and `mlp_backward`
 returns a dict with the same keys as the parameters.
 """
 
 import math
 from dataclasses import dataclass, asdict
 
-import bayesattn as ba  # first: it pins OPENBLAS_NUM_THREADS before NumPy loads
+import layers as ly  # first: it pins OPENBLAS_NUM_THREADS before NumPy loads
 
 import numpy as np  # noqa: E402
 
@@ -103,6 +103,19 @@ def match_width(vocab_size, n_classes, max_len, n_blocks, target_params, dtype="
     return MLPConfig(vocab_size, n_classes, max_len, H, n_blocks, dtype, inputs)
 
 
+def mlp_param_shapes(mcfg):
+    """name -> shape of every parameter mlp_init_params makes for mcfg."""
+    V, K, H, M = mcfg.vocab_size, mcfg.n_classes, mcfg.width, MLP_RATIO * mcfg.width
+    shapes = ({"mlp.wte": (V, H), "mlp.wpe": (mcfg.max_len, H)} if mcfg.inputs == "token"
+              else {"mlp.in.w": (mcfg.max_len * V, H), "mlp.in.b": (H,)})
+    for i in range(mcfg.n_blocks):
+        pre = f"mlp.blocks.{i}."
+        shapes.update({pre + "ln.g": (H,), pre + "ln.b": (H,), pre + "w1": (H, M), pre + "b1": (M,),
+                       pre + "w2": (M, H), pre + "b2": (H,)})
+    shapes.update({"mlp.lnf.g": (H,), "mlp.lnf.b": (H,), "mlp.out.w": (H, K), "mlp.out.b": (K,)})
+    return shapes
+
+
 def mlp_init_params(mcfg, seed=0):
     """GPT-2-style, as bayesattn.init_params: N(0, 0.02), the residual projections W_2 scaled by 1/sqrt(2N)."""
     rng = np.random.default_rng(seed)
@@ -139,7 +152,7 @@ def prefix_onehot(tokens, max_len, V):
 def prefix_linear_ref(tokens, w, b, V):
     """Dense reference: h = x @ W_in + b with x = prefix_onehot(tokens) -> h (B, T, H), x."""
     x = prefix_onehot(tokens, w.shape[0] // V, V).astype(w.dtype)  # (B, T, T_max*V)
-    return ba.linear_forward(x, w, b)
+    return ly.linear_forward(x, w, b)
 
 
 def slot_index(tokens, V):
@@ -158,7 +171,7 @@ def prefix_linear_backward(dh, idx, w):
     """Forward was h_t = b + sum_{j<=t} G_j with G_j = W_in[idx_j], so dG_j = sum_{t>=j} dh_t,
     dW_in[idx_j] += dG_j (an embedding backward over (slot, token) rows), db = sum dh. -> dw, db."""
     drows = np.flip(np.cumsum(np.flip(dh, axis=1), axis=1), axis=1)   # (B, T, H)  reverse cumulative sum
-    dw, _ = ba.embedding_backward(np.ascontiguousarray(drows), idx, w.shape[0])
+    dw, _ = ly.embedding_backward(np.ascontiguousarray(drows), idx, w.shape[0])
     return dw, dh.sum(axis=(0, 1))
 
 
@@ -176,23 +189,23 @@ def mlp_forward(params, tokens, mcfg):
     if tokens.shape[1] > mcfg.max_len:
         raise ValueError(f"sequence length {tokens.shape[1]} exceeds max_len={mcfg.max_len} of this MLP")
     if mcfg.inputs == "token":                                      # h_t = wte[tok_t] + wpe[t]: no mixing
-        x, idx = ba.embedding_forward(params["mlp.wte"], params["mlp.wpe"], tokens)  # (B, T, H)
+        x, idx = ly.embedding_forward(params["mlp.wte"], params["mlp.wpe"], tokens)  # (B, T, H)
     else:                                                           # h_t = b + sum_{j<=t} W_in[j V + tok_j]
         x, idx = prefix_linear_forward(tokens, params["mlp.in.w"], params["mlp.in.b"], mcfg.vocab_size)
     cache = {"idx": idx, "blocks": [], "resid": [x]}
     for i in range(mcfg.n_blocks):
         pre = f"mlp.blocks.{i}."
         # residual block: x = x + gelu(LN(x) @ W_1 + b_1) @ W_2 + b_2
-        a, ln = ba.layernorm_forward(x, params[pre + "ln.g"], params[pre + "ln.b"])  # (B, T, H)
-        pre_act, _ = ba.linear_forward(a, params[pre + "w1"], params[pre + "b1"])    # (B, T, M)
-        act, gelu_in = ba.gelu_forward(pre_act)                                       # (B, T, M)
-        out, _ = ba.linear_forward(act, params[pre + "w2"], params[pre + "b2"])      # (B, T, H)
+        a, ln = ly.layernorm_forward(x, params[pre + "ln.g"], params[pre + "ln.b"])  # (B, T, H)
+        pre_act, _ = ly.linear_forward(a, params[pre + "w1"], params[pre + "b1"])    # (B, T, M)
+        act, gelu_in = ly.gelu_forward(pre_act)                                       # (B, T, M)
+        out, _ = ly.linear_forward(act, params[pre + "w2"], params[pre + "b2"])      # (B, T, H)
         x = x + out
         cache["blocks"].append({"ln": ln, "a": a, "gelu_in": gelu_in, "act": act})
         cache["resid"].append(x)
-    xf, cache["lnf"] = ba.layernorm_forward(x, params["mlp.lnf.g"], params["mlp.lnf.b"])
+    xf, cache["lnf"] = ly.layernorm_forward(x, params["mlp.lnf.g"], params["mlp.lnf.b"])
     cache["xf"] = xf
-    logits, _ = ba.linear_forward(xf, params["mlp.out.w"], params["mlp.out.b"])      # (B, T, K)
+    logits, _ = ly.linear_forward(xf, params["mlp.out.w"], params["mlp.out.b"])      # (B, T, K)
     return logits, cache
 
 
@@ -200,18 +213,18 @@ def mlp_backward(dlogits, cache, params, mcfg):
     """dlogits (B, T, K) -> grads, a dict with the same keys as params. Reverses mlp_forward line by line."""
     g = {}
     # forward: logits = xf @ W_out + b_out, xf = LNf(x)
-    dx, g["mlp.out.w"], g["mlp.out.b"] = ba.linear_backward(dlogits, cache["xf"], params["mlp.out.w"])
-    dx, g["mlp.lnf.g"], g["mlp.lnf.b"] = ba.layernorm_backward(dx, cache["lnf"])
+    dx, g["mlp.out.w"], g["mlp.out.b"] = ly.linear_backward(dlogits, cache["xf"], params["mlp.out.w"])
+    dx, g["mlp.lnf.g"], g["mlp.lnf.b"] = ly.layernorm_backward(dx, cache["lnf"])
     for i in reversed(range(mcfg.n_blocks)):
         pre, bc = f"mlp.blocks.{i}.", cache["blocks"][i]
         # forward: x_out = x_in + act @ W_2 + b_2; the residual passes dx straight through
-        dact, g[pre + "w2"], g[pre + "b2"] = ba.linear_backward(dx, bc["act"], params[pre + "w2"])
-        dpre = ba.gelu_backward(dact, bc["gelu_in"])                                  # (B, T, M)
-        da, g[pre + "w1"], g[pre + "b1"] = ba.linear_backward(dpre, bc["a"], params[pre + "w1"])
-        dh, g[pre + "ln.g"], g[pre + "ln.b"] = ba.layernorm_backward(da, bc["ln"])
+        dact, g[pre + "w2"], g[pre + "b2"] = ly.linear_backward(dx, bc["act"], params[pre + "w2"])
+        dpre = ly.gelu_backward(dact, bc["gelu_in"])                                  # (B, T, M)
+        da, g[pre + "w1"], g[pre + "b1"] = ly.linear_backward(dpre, bc["a"], params[pre + "w1"])
+        dh, g[pre + "ln.g"], g[pre + "ln.b"] = ly.layernorm_backward(da, bc["ln"])
         dx = dx + dh                                                   # x_in feeds both the residual and LN
     if mcfg.inputs == "token":
-        g["mlp.wte"], dwpe = ba.embedding_backward(dx, cache["idx"], mcfg.vocab_size)
+        g["mlp.wte"], dwpe = ly.embedding_backward(dx, cache["idx"], mcfg.vocab_size)
         g["mlp.wpe"] = np.zeros_like(params["mlp.wpe"])
         g["mlp.wpe"][:dwpe.shape[0]] = dwpe                        # rows past T get no gradient
     else:
@@ -223,7 +236,7 @@ def mlp_loss_and_grads(params, tokens, targets, mask, mcfg):
     """Mean cross-entropy (nats) over supervised positions and its gradient for every parameter.
     targets (B, T) ints or (B, T, K) probabilities, mask (B, T)."""
     logits, cache = mlp_forward(params, tokens, mcfg)
-    loss, dlogits = ba.cross_entropy(logits, targets, mask)
+    loss, dlogits = ly.cross_entropy(logits, targets, mask)
     return loss, mlp_backward(dlogits, cache, params, mcfg)
 
 
@@ -232,5 +245,5 @@ def mlp_predict_proba(params, tokens, mcfg, batch=256):
     out = []
     for i in range(0, len(tokens), batch):
         logits, _ = mlp_forward(params, tokens[i:i + batch], mcfg)
-        out.append(ba.softmax_ref(logits.astype(np.float64)))
+        out.append(ly.softmax.numpy(logits.astype(np.float64)))
     return np.concatenate(out)

@@ -1,10 +1,12 @@
-"""Gradient checks and kernel checks for bayesattn.py.
+"""Gradient checks and kernel checks for bayesattn.py, layers.py, kernels.py and optim.py.
 
 Finite differences are centred (h = 1e-5) in float64 on tiny shapes. For an op, the
 check projects onto a random upstream gradient dout: the numerical directional
 derivative sum((f(x+h e) - f(x-h e)) * dout) / 2h, one entry e at a time, gives the numerical
 gradient. Relative error per tensor = max|a - n| / max(max|a|, max|n|): the worst difference
 against the tensor's own scale (a per-entry ratio would blow up on entries that are ~0).
+Every op's check and the whole model's run on both paths: the NumPy ops as written ("numpy") and
+their twins in kernels.py ("numba"), chosen by the `path` fixture.
 """
 
 import math
@@ -15,6 +17,9 @@ import numpy as np
 import pytest
 
 import bayesattn as ba
+import kernels
+import layers
+import optim
 
 H = 1e-5
 GRAD_TOL = 1e-6                               # worst relative error allowed per tensor
@@ -47,10 +52,20 @@ def assert_grads(analytic, numeric, tol=GRAD_TOL):
     return errors
 
 
-# ----------------------------------------------------------------------------
-# every op's backward against finite differences
+@pytest.fixture(params=["numpy", "numba"])
+def path(request):
+    """Run the test on the NumPy ops as written, then on their Numba twins; the switch comes back after."""
+    before = dict(layers.FAST)
+    kernels.enable() if request.param == "numba" else kernels.disable()
+    yield request.param
+    layers.FAST.clear()
+    layers.FAST.update(before)
 
-def test_linear_backward():
+
+# ----------------------------------------------------------------------------
+# every op's backward against finite differences, on both paths
+
+def test_linear_backward(path):
     rng = np.random.default_rng(0)
     x, w, b = rng.normal(size=(2, 3, 4)), rng.normal(size=(4, 5)), rng.normal(size=5)
     dout = rng.normal(size=(2, 3, 5))
@@ -61,7 +76,7 @@ def test_linear_backward():
                   "b": numerical_grad(lambda _: f(), b, dout)})
 
 
-def test_embedding_backward():
+def test_embedding_backward(path):
     rng = np.random.default_rng(1)
     wte, wpe = rng.normal(size=(6, 4)), rng.normal(size=(5, 4))
     tokens = np.array([[0, 2, 2, 5], [1, 0, 3, 3]])             # repeated tokens must add up
@@ -73,7 +88,7 @@ def test_embedding_backward():
     assert np.all(num_pe[4] == 0)
 
 
-def test_layernorm_backward():
+def test_layernorm_backward(path):
     rng = np.random.default_rng(2)
     x, g, b = rng.normal(size=(2, 3, 6)), rng.normal(size=6), rng.normal(size=6)
     dout = rng.normal(size=(2, 3, 6))
@@ -84,30 +99,27 @@ def test_layernorm_backward():
                  {"x": numerical_grad(f, x, dout), "g": numerical_grad(f, g, dout), "b": numerical_grad(f, b, dout)})
 
 
-def test_gelu_backward():
+def test_gelu_backward(path):
     rng = np.random.default_rng(3)
     x, dout = rng.normal(size=(4, 7)) * 2, rng.normal(size=(4, 7))
-    _, x2 = ba.gelu_forward(x)
-    assert_grads({"x": ba.gelu_backward(dout, x2)},
+    _, cache = ba.gelu_forward(x)
+    assert_grads({"x": ba.gelu_backward(dout, cache)},
                  {"x": numerical_grad(lambda _: ba.gelu_forward(x)[0], x, dout)})
 
 
-@pytest.mark.parametrize("kernel", [True, False], ids=["kernel", "ref"])
-def test_attention_backward(kernel):
+def test_attention_backward(path):
     rng = np.random.default_rng(4)
     q, k, v = (rng.normal(size=(2, 2, 5, 3)) for _ in range(3))
     u = rng.normal(size=(2, 2, 5, 3))                           # u = dL/do, the upstream error signal
-    fwd = ba.attention_forward_kernel if kernel else ba.attention_forward_ref
-    bwd = ba.attention_backward_kernel if kernel else ba.attention_backward_ref
-    _, alpha = fwd(q, k, v)
-    dq, dk, dv = bwd(u, alpha, q, k, v)
-    f = lambda _: fwd(q, k, v)[0]
+    _, alpha = ba.attention_forward(q, k, v)
+    dq, dk, dv = ba.attention_backward(u, alpha, q, k, v)
+    f = lambda _: ba.attention_forward(q, k, v)[0]
     assert_grads({"q": dq, "k": dk, "v": dv},
                  {"q": numerical_grad(f, q, u), "k": numerical_grad(f, k, u), "v": numerical_grad(f, v, u)})
 
 
 @pytest.mark.parametrize("soft", [False, True], ids=["hard", "soft"])
-def test_cross_entropy_backward(soft):
+def test_cross_entropy_backward(soft, path):
     rng = np.random.default_rng(5)
     logits = rng.normal(size=(2, 4, 5))
     mask = np.array([[1, 0, 1, 1], [0, 1, 1, 0]], dtype=float)
@@ -118,6 +130,19 @@ def test_cross_entropy_backward(soft):
     assert np.all(dlogits[mask == 0] == 0)
 
 
+def test_cross_entropy_by_hand(path):
+    """Two positions, three classes, logits 0: softmax is 1/3 each. A hard target costs ln 3 nats; the soft
+    target (1/2, 1/2, 0) costs ln 3 too; the unsupervised position counts for nothing. dlogits of the hard
+    target at the supervised row: (1/3 - 1, 1/3, 1/3) / 1."""
+    logits = np.zeros((1, 2, 3))
+    mask = np.array([[1.0, 0.0]])
+    loss, d = ba.cross_entropy(logits, np.array([[0, 2]]), mask)
+    assert loss == pytest.approx(math.log(3)) and ba.bits(loss) == pytest.approx(math.log2(3))
+    np.testing.assert_allclose(d[0, 0], [1 / 3 - 1, 1 / 3, 1 / 3]) and np.testing.assert_array_equal(d[0, 1], 0)
+    loss, _ = ba.cross_entropy(logits, np.array([[[0.5, 0.5, 0.0], [1, 0, 0]]]), mask)
+    assert loss == pytest.approx(math.log(3))
+
+
 # ----------------------------------------------------------------------------
 # the E-step: closed form against the explicit softmax Jacobian
 
@@ -125,7 +150,7 @@ def test_advantage_routing_equals_explicit_jacobian():
     rng = np.random.default_rng(6)
     T, hs = 6, 4
     q, k, v, u = (rng.normal(size=(1, 1, T, hs)) for _ in range(4))
-    _, alpha = ba.attention_forward_ref(q, k, v)
+    _, alpha = ba.attention_forward.numpy(q, k, v)
     ds = ba.advantage_routing(u, alpha, v)[0, 0]                # closed form: alpha * (b - b_bar)
     # step by step: dalpha_ij = u_i . v_j, then back through softmax with its Jacobian
     dalpha = (u @ np.swapaxes(v, -1, -2))[0, 0]                 # (T, T)
@@ -140,18 +165,28 @@ def test_advantage_routing_equals_explicit_jacobian():
 def test_value_update_is_responsibility_weighted():
     rng = np.random.default_rng(7)
     q, k, v, u = (rng.normal(size=(1, 1, 5, 3)) for _ in range(4))
-    _, alpha = ba.attention_forward_ref(q, k, v)
+    _, alpha = ba.attention_forward.numpy(q, k, v)
     dv = ba.value_update(u, alpha)[0, 0]
     for j in range(5):                                          # dv_j = sum_i alpha_ij u_i
         np.testing.assert_allclose(dv[j], sum(alpha[0, 0, i, j] * u[0, 0, i] for i in range(5)), rtol=1e-12)
 
 
 # ----------------------------------------------------------------------------
-# every Numba kernel equals its NumPy reference
+# every twin in kernels.py equals its NumPy op
 
 def _close(a, b, dtype):
     err = rel_error(np.asarray(a, np.float64), np.asarray(b, np.float64))
     assert err <= KERNEL_TOL[dtype], f"kernel vs reference relative error {err:.2e} > {KERNEL_TOL[dtype]:g} ({dtype.__name__})"
+
+
+def test_every_twin_is_registered():
+    """kernels.TWINS names exactly the ops marked @twin, and each twin has its op's signature."""
+    import inspect
+    ops = {name: op for module in (layers, ba) for name, op in vars(module).items() if hasattr(op, "numpy")}
+    assert set(kernels.TWINS) == set(ops)
+    for name, op in ops.items():
+        assert inspect.signature(getattr(kernels, name)).parameters.keys() == \
+            inspect.signature(op.numpy).parameters.keys(), name
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -159,41 +194,47 @@ def test_kernels_match_references(dtype):
     rng = np.random.default_rng(8)
     r = lambda *s: rng.normal(size=s).astype(dtype)
     x, g, b, dy = r(13, 24), r(24), r(24), r(13, 24)
-    y, mean, rstd = ba.layernorm_forward_kernel(x, g, b, ba.LN_EPS)
-    y_ref, mean_ref, rstd_ref = ba.layernorm_forward_ref(x, g, b)
-    for a, e in ((y, y_ref), (mean, mean_ref), (rstd, rstd_ref)):
+    pair = lambda name, *args: (getattr(kernels, name)(*args), getattr(layers, name).numpy(*args))
+    (y, cache), (y_ref, cache_ref) = pair("layernorm_forward", x, g, b)
+    for a, e in ((y, y_ref), (cache[1], cache_ref[1]), (cache[2], cache_ref[2])):
         assert a.dtype == dtype
         _close(a, e, dtype)
-    for a, e in zip(ba.layernorm_backward_kernel(dy, x, mean, rstd, g), ba.layernorm_backward_ref(dy, x, mean, rstd, g)):
+    for a, e in zip(*pair("layernorm_backward", dy, cache)):
         assert a.dtype == dtype
         _close(a, e, dtype)
-    _close(ba.gelu_forward_kernel(x), ba.gelu_forward_ref(x), dtype)
-    _close(ba.gelu_backward_kernel(dy, x), ba.gelu_backward_ref(dy, x), dtype)
-    _close(ba.softmax_kernel(x * 3), ba.softmax_ref(x * 3), dtype)
+    _close(kernels.gelu_forward(x)[0], layers.gelu_forward.numpy(x)[0], dtype)
+    _close(kernels.gelu_backward(dy, x), layers.gelu_backward.numpy(dy, x), dtype)
+    _close(kernels.softmax(x * 3), layers.softmax.numpy(x * 3), dtype)
+    w, bias = r(24, 5), r(5)
+    _close(kernels.linear_forward(x, w, bias)[0], layers.linear_forward.numpy(x, w, bias)[0], dtype)
+    dout = r(13, 5)
+    for a, e in zip(kernels.linear_backward(dout, x, w), layers.linear_backward.numpy(dout, x, w)):
+        _close(a, e, dtype)
     q, k, v, u = r(3, 2, 7, 4), r(3, 2, 7, 4), r(3, 2, 7, 4), r(3, 2, 7, 4)
-    o, alpha = ba.attention_forward_kernel(q, k, v)
-    o_ref, alpha_ref = ba.attention_forward_ref(q, k, v)
+    o, alpha = kernels.attention_forward(q, k, v)
+    o_ref, alpha_ref = ba.attention_forward.numpy(q, k, v)
     assert o.dtype == dtype and alpha.dtype == dtype
     _close(o, o_ref, dtype)
     _close(alpha, alpha_ref, dtype)
-    for a, e in zip(ba.attention_backward_kernel(u, alpha, q, k, v), ba.attention_backward_ref(u, alpha, q, k, v)):
+    for a, e in zip(kernels.attention_backward(u, alpha, q, k, v), ba.attention_backward.numpy(u, alpha, q, k, v)):
         assert a.dtype == dtype
         _close(a, e, dtype)
     # LayerNorm backward sums dg, db over 16 row blocks: 100 rows puts several rows in each block
     x2, dy2 = r(100, 24), r(100, 24)
-    _, mean2, rstd2 = ba.layernorm_forward_kernel(x2, g, b, ba.LN_EPS)
-    for a, e in zip(ba.layernorm_backward_kernel(dy2, x2, mean2, rstd2, g), ba.layernorm_backward_ref(dy2, x2, mean2, rstd2, g)):
+    _, cache2 = kernels.layernorm_forward(x2, g, b)
+    for a, e in zip(kernels.layernorm_backward(dy2, cache2), layers.layernorm_backward.numpy(dy2, cache2)):
         _close(a, e, dtype)
-    idx = rng.integers(0, 4, 13)
-    _close(ba.scatter_add_kernel(x, idx, 5), ba.scatter_add_ref(x, idx, 5), dtype)
-    logits, w = r(13, 5), (rng.random(13) < 0.7).astype(np.float64)
-    hard, soft = rng.integers(0, 5, 13), rng.dirichlet(np.ones(5), 13).astype(dtype)
+    tokens = rng.integers(0, 4, (1, 13))
+    for a, e in zip(kernels.embedding_backward(x[None], tokens, 5), layers.embedding_backward.numpy(x[None], tokens, 5)):
+        _close(a, e, dtype)
+    logits, w = r(1, 13, 5), (rng.random((1, 13)) < 0.7).astype(np.float64)
+    hard, soft = rng.integers(0, 5, (1, 13)), rng.dirichlet(np.ones(5), (1, 13)).astype(dtype)
     for t in (hard, soft):
-        loss, dz = ba.cross_entropy(logits[None], t[None], w[None])
-        loss_ref, dz_ref = ba.cross_entropy_ref(logits, t, w)
+        loss, dz = kernels.cross_entropy(logits, t, w)
+        loss_ref, dz_ref = layers.cross_entropy.numpy(logits, t, w)
         assert dz.dtype == dtype
         _close(loss, loss_ref, dtype)
-        _close(dz[0], dz_ref, dtype)
+        _close(dz, dz_ref, dtype)
 
 
 @pytest.mark.parametrize("compiled", [True, False], ids=["numba", "python"])
@@ -202,7 +243,7 @@ def test_exp32_matches_exp(compiled):
     normal float32, 0 below that range, inf above it, NaN for NaN."""
     if compiled and numba.config.DISABLE_JIT:
         pytest.skip("NUMBA_DISABLE_JIT=1: the compiled exp32 is the plain function, tested as 'python'")
-    exp32 = ba.exp32 if compiled else getattr(ba.exp32, "py_func", ba.exp32)   # NUMBA_DISABLE_JIT: plain already
+    exp32 = kernels.exp32 if compiled else getattr(kernels.exp32, "py_func", kernels.exp32)   # NUMBA_DISABLE_JIT: plain already
     xs = np.linspace(-87.3, 88.7, 200_001 if compiled else 2_001).astype(np.float32)
     xs = np.concatenate([xs, np.float32([0, -0.0, 1e-30, -1e-30, 0.34657359, -0.34657359])])
     got = np.array([exp32(x) for x in xs], dtype=np.float64)
@@ -219,9 +260,9 @@ def test_kernels_use_exp32_for_float32():
     """Inside compiled code fast_exp must dispatch float32 to exp32 (bit for bit) and float64 to exp."""
     if numba.config.DISABLE_JIT:
         pytest.skip("NUMBA_DISABLE_JIT=1: fast_exp is math.exp by design")
-    f = numba.njit(lambda x: ba.fast_exp(x))
+    f = numba.njit(lambda x: kernels.fast_exp(x))
     for v in (-3.7, 0.1, 2.5, 40.0):
-        assert f(np.float32(v)) == ba.exp32(np.float32(v)), v
+        assert f(np.float32(v)) == kernels.exp32(np.float32(v)), v
         assert f(np.float64(v)) == math.exp(v), v
 
 
@@ -244,7 +285,7 @@ def test_split_matmuls_match_blas(dtype, monkeypatch):
     """matmul / matmul_tn cut the rows into blocks, one BLAS call per thread. With the size threshold
     at 0 every product is split: any row count, including fewer rows than threads, and a
     transposed right factor must give the plain product."""
-    monkeypatch.setattr(ba, "SPLIT_FLOPS", 0)
+    monkeypatch.setattr(kernels, "SPLIT_FLOPS", 0)
     with two_numba_threads():
         _check_split_matmuls(dtype)
 
@@ -254,10 +295,10 @@ def _check_split_matmuls(dtype):
     for n in (1, 2, 3, 37):
         a, c = rng.normal(size=(n, 6)).astype(dtype), rng.normal(size=(n, 4)).astype(dtype)
         w, z = rng.normal(size=(6, 5)).astype(dtype), rng.normal(size=(5, 4)).astype(dtype)
-        out, tn = ba.matmul(a, w), ba.matmul_tn(a, c)
+        out, tn = kernels.matmul(a, w), kernels.matmul_tn(a, c)
         assert out.shape == (n, 5) and out.dtype == dtype and tn.shape == (6, 4) and tn.dtype == dtype
         _close(out, a @ w, dtype)
-        _close(ba.matmul(c, z.T), c @ z.T, dtype)
+        _close(kernels.matmul(c, z.T), c @ z.T, dtype)
         _close(tn, a.T @ c, dtype)
 
 
@@ -265,15 +306,15 @@ def test_run_kernel_picks_threads_by_estimated_time():
     """A kernel estimated under PARALLEL_MIN_US on one thread runs on one thread; a longer one on all;
     the caller's thread count comes back afterwards, also when the kernel raises."""
     with two_numba_threads():
-        limit_ns = ba.PARALLEL_MIN_US * 1e3
-        assert ba.run_kernel(numba.get_num_threads, 1000, limit_ns / 2000) == (1 if limit_ns > 0 else 2)
+        limit_ns = kernels.PARALLEL_MIN_US * 1e3
+        assert kernels.run_kernel(numba.get_num_threads, 1000, limit_ns / 2000) == (1 if limit_ns > 0 else 2)
         assert numba.get_num_threads() == 2
-        assert ba.run_kernel(numba.get_num_threads, 1000, limit_ns / 1000) == 2
+        assert kernels.run_kernel(numba.get_num_threads, 1000, limit_ns / 1000) == 2
 
         def fails():
             raise ZeroDivisionError("from inside the kernel")
         with pytest.raises(ZeroDivisionError):
-            ba.run_kernel(fails, 0, 0.0)
+            kernels.run_kernel(fails, 0, 0.0)
         assert numba.get_num_threads() == 2
 
 
@@ -282,7 +323,7 @@ def test_kernels_on_one_thread_match_all_threads(monkeypatch):
     """run_kernel's choice changes no result: every wrapper, held to one thread (the threshold set to
     infinity), returns its bare kernel's numbers on two threads bit for bit. (LayerNorm's dg, db
     add fixed row blocks, not per-thread partials; every other kernel's rows are independent.)"""
-    monkeypatch.setattr(ba, "PARALLEL_MIN_US", math.inf)
+    monkeypatch.setattr(kernels, "PARALLEL_MIN_US", math.inf)
     with two_numba_threads():
         _check_one_thread_matches_all()
 
@@ -291,25 +332,25 @@ def _check_one_thread_matches_all():
     rng = np.random.default_rng(12)
     x, dy, h = (rng.normal(size=s).astype(np.float32) for s in ((300, 24), (300, 24), (300, 64)))
     g, b = rng.normal(size=24).astype(np.float32), rng.normal(size=24).astype(np.float32)
-    y, cache = ba.layernorm_forward(x.reshape(3, 100, 24), g, b)
-    y_all, mean, rstd = ba.layernorm_forward_kernel(x, g, b, ba.LN_EPS)
+    y, cache = kernels.layernorm_forward(x.reshape(3, 100, 24), g, b)
+    y_all, mean, rstd = kernels.layernorm_forward_kernel(x, g, b, layers.LN_EPS)
     assert np.array_equal(y.reshape(300, 24), y_all)
-    for a, e in zip(ba.layernorm_backward(dy.reshape(3, 100, 24), cache),
-                    ba.layernorm_backward_kernel(dy, x, mean, rstd, g)):
+    for a, e in zip(kernels.layernorm_backward(dy.reshape(3, 100, 24), cache),
+                    kernels.layernorm_backward_kernel(dy, x, mean, rstd, g)):
         assert np.array_equal(a.reshape(e.shape), e)
-    assert np.array_equal(ba.gelu_forward(h)[0], ba.gelu_forward_kernel(h))
-    assert np.array_equal(ba.gelu_backward(dy, x), ba.gelu_backward_kernel(dy, x))
-    assert np.array_equal(ba.softmax(h), ba.softmax_kernel(h))
+    assert np.array_equal(kernels.gelu_forward(h)[0], kernels.gelu_forward_kernel(h))
+    assert np.array_equal(kernels.gelu_backward(dy, x), kernels.gelu_backward_kernel(dy, x))
+    assert np.array_equal(kernels.softmax(h), kernels.softmax_kernel(h))
     q, k, v, u = (rng.normal(size=(2, 2, 9, 4)).astype(np.float32) for _ in range(4))
-    o, alpha = ba.attention_forward(q, k, v)
-    for a, e in zip((o, alpha), ba.attention_forward_kernel(q, k, v)):
+    o, alpha = kernels.attention_forward(q, k, v)
+    for a, e in zip((o, alpha), kernels.attention_forward_kernel(q, k, v)):
         assert np.array_equal(a, e)
-    for a, e in zip(ba.attention_backward(u, alpha, q, k, v), ba.attention_backward_kernel(u, alpha, q, k, v)):
+    for a, e in zip(kernels.attention_backward(u, alpha, q, k, v), kernels.attention_backward_kernel(u, alpha, q, k, v)):
         assert np.array_equal(a, e)
     logits, targets = x[:, :5].reshape(3, 100, 5).copy(), rng.integers(0, 5, (3, 100))
     mask = (rng.random((3, 100)) < 0.7).astype(np.float64)
-    loss, dz = ba.cross_entropy(logits, targets, mask)
-    rows, dz_all = ba.cross_entropy_hard_kernel(logits.reshape(300, 5), targets.reshape(-1), mask.reshape(-1),
+    loss, dz = kernels.cross_entropy(logits, targets, mask)
+    rows, dz_all = kernels.cross_entropy_hard_kernel(logits.reshape(300, 5), targets.reshape(-1), mask.reshape(-1),
                                                 mask.sum())
     assert loss == rows.sum() and np.array_equal(dz.reshape(300, 5), dz_all)
 
@@ -318,7 +359,7 @@ def test_layernorm_backward_of_no_rows():
     """An empty batch: dx has no rows, and dg, db are sums over no rows, zero."""
     x = np.zeros((0, 6), dtype=np.float32)
     g = np.ones(6, dtype=np.float32)
-    dx, dg, db = ba.layernorm_backward_kernel(x, x, np.zeros(0, np.float32), np.zeros(0, np.float32), g)
+    dx, dg, db = kernels.layernorm_backward_kernel(x, x, np.zeros(0, np.float32), np.zeros(0, np.float32), g)
     assert dx.shape == (0, 6) and np.array_equal(dg, np.zeros(6)) and np.array_equal(db, np.zeros(6))
 
 
@@ -330,17 +371,17 @@ def test_each_parallel_kernel_has_one_parallel_loop():
     rng = np.random.default_rng(13)
     x, dy = rng.normal(size=(40, 8)).astype(np.float32), rng.normal(size=(40, 8)).astype(np.float32)
     g, b = x[0].copy(), x[1].copy()
-    _, mean, rstd = ba.layernorm_forward_ref(x, g, b)
+    _, (_, mean, rstd, _, _) = layers.layernorm_forward.numpy(x, g, b)
     q = rng.normal(size=(2, 2, 5, 4)).astype(np.float32)
-    _, alpha = ba.attention_forward_ref(q, q, q)
+    _, alpha = ba.attention_forward.numpy(q, q, q)
     w, hard, soft = np.ones(40), np.zeros(40, dtype=np.int64), np.full((40, 8), 1 / 8, dtype=np.float32)
-    cases = [(ba.layernorm_forward_kernel, (x, g, b, ba.LN_EPS)),
-             (ba.layernorm_backward_kernel, (dy, x, mean, rstd, g)),
-             (ba.gelu_forward_kernel, (x,)), (ba.gelu_backward_kernel, (dy, x)), (ba.softmax_kernel, (x,)),
-             (ba.attention_forward_kernel, (q, q, q)), (ba.attention_backward_kernel, (q, alpha, q, q, q)),
-             (ba.cross_entropy_hard_kernel, (x, hard, w, 40.0)), (ba.cross_entropy_kernel, (x, soft, w, 40.0))]
+    cases = [(kernels.layernorm_forward_kernel, (x, g, b, layers.LN_EPS)),
+             (kernels.layernorm_backward_kernel, (dy, x, mean, rstd, g)),
+             (kernels.gelu_forward_kernel, (x,)), (kernels.gelu_backward_kernel, (dy, x)), (kernels.softmax_kernel, (x,)),
+             (kernels.attention_forward_kernel, (q, q, q)), (kernels.attention_backward_kernel, (q, alpha, q, q, q)),
+             (kernels.cross_entropy_hard_kernel, (x, hard, w, 40.0)), (kernels.cross_entropy_kernel, (x, soft, w, 40.0))]
     for kernel, args in cases:
-        fresh = numba.njit(parallel=True, fastmath=ba.FASTMATH)(kernel.py_func)
+        fresh = numba.njit(parallel=True, fastmath=kernels.FASTMATH)(kernel.py_func)
         fresh(*args)
         loops = fresh.get_metadata(fresh.signatures[0])["parfor_diagnostics"].get_parfors()
         assert len(loops) == 1, f"{kernel.__name__}: {len(loops)} parallel loops"
@@ -350,21 +391,21 @@ def test_each_parallel_kernel_has_one_parallel_loop():
 # numerical extremes
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_extreme_logits_stay_finite(dtype):
+def test_extreme_logits_stay_finite(dtype, path):
     logits = np.array([[1e4, -1e4, 0.0, 1e4], [-1e4, -1e4, -1e4, -1e4]], dtype=dtype)
-    p = ba.softmax_kernel(logits)
+    p = kernels.softmax_kernel(logits)
     assert np.all(np.isfinite(p)) and np.allclose(p.sum(-1), 1.0)
     np.testing.assert_allclose(p[0], [0.5, 0, 0, 0.5], atol=1e-6)
     long_row = np.random.default_rng(9).normal(size=(2, 100_000)).astype(dtype) * 1e4
-    assert np.all(np.isfinite(ba.softmax_kernel(long_row)))
+    assert np.all(np.isfinite(kernels.softmax_kernel(long_row)))
     for targets in (np.array([[1, 0]]), np.eye(4, dtype=dtype)[[[1, 0]]]):
         loss, dz = ba.cross_entropy(logits[None], targets, np.ones((1, 2)))
         assert math.isfinite(loss) and np.all(np.isfinite(dz))
         assert loss == pytest.approx(1e4, rel=1e-3)            # row 0 puts ~no mass on class 1
     q = np.full((1, 1, 50, 4), 1e3, dtype=dtype)                # scores of order 1e6 / 2
     k = np.random.default_rng(10).normal(size=(1, 1, 50, 4)).astype(dtype)
-    o, alpha = ba.attention_forward_kernel(q, k, k)
-    dq, dk, dv = ba.attention_backward_kernel(np.ones_like(q), alpha, q, k, k)
+    o, alpha = kernels.attention_forward_kernel(q, k, k)
+    dq, dk, dv = kernels.attention_backward_kernel(np.ones_like(q), alpha, q, k, k)
     assert all(np.all(np.isfinite(t)) for t in (o, alpha, dq, dk, dv))
 
 
@@ -396,7 +437,7 @@ def model_gradient_errors(cfg, params, tokens, targets, mask):
 
 @pytest.mark.parametrize("soft", [False, True], ids=["hard-targets", "soft-targets"])
 @pytest.mark.parametrize("pos", ["learned", "sinusoidal"])
-def test_model_gradients(soft, pos):
+def test_model_gradients(soft, pos, path):
     cfg, params = tiny_model(pos)
     rng = np.random.default_rng(11)
     tokens = rng.integers(0, 7, (2, 5))
@@ -406,7 +447,7 @@ def test_model_gradients(soft, pos):
     print("\nworst relative error per tensor:\n" + "\n".join(f"  {k:22s} {v:.2e}" for k, v in errors.items()))
 
 
-def test_clamped_positions_share_the_last_row():
+def test_clamped_positions_share_the_last_row(path):
     cfg, params = tiny_model()
     clamped = ba.Config(**{**cfg.to_dict(), "pos_limit": 3})
     rng = np.random.default_rng(14)
@@ -422,7 +463,7 @@ def test_clamped_positions_share_the_last_row():
         ba.Config(**{**cfg.to_dict(), "pos_limit": 7})
 
 
-def test_head_mask_gradients_and_ablation():
+def test_head_mask_gradients_and_ablation(path):
     cfg, params = tiny_model()
     rng = np.random.default_rng(12)
     tokens, targets, mask = rng.integers(0, 7, (2, 5)), rng.integers(0, 5, (2, 5)), np.ones((2, 5))
@@ -459,9 +500,9 @@ def test_cache_exposes_geometry():
 def test_adamw_hand_computed_step():
     params = {"a.w": np.array([1.0, -2.0]), "a.b": np.array([0.5])}
     grads = {"a.w": np.array([0.1, -0.3]), "a.b": np.array([2.0])}
-    state = ba.adamw_init(params)
+    state = optim.adamw_init(params)
     lr, b1, b2, eps, wd = 0.1, 0.9, 0.99, 1e-8, 0.5
-    ba.adamw_step(params, grads, state, lr, beta1=b1, beta2=b2, eps=eps, weight_decay=wd)
+    optim.adamw_step(params, grads, state, lr, beta1=b1, beta2=b2, eps=eps, weight_decay=wd)
     # t = 1: m = 0.1 g, v = 0.01 g^2, mhat = g, vhat = g^2, so the Adam step is lr * g / (|g| + eps)
     w_expected = np.array([1.0, -2.0]) * (1 - lr * wd) - lr * np.array([0.1, -0.3]) / (np.array([0.1, 0.3]) + eps)
     b_expected = 0.5 - lr * 2.0 / (2.0 + eps)                  # biases are not decayed
@@ -469,32 +510,32 @@ def test_adamw_hand_computed_step():
     np.testing.assert_allclose(params["a.b"], [b_expected], rtol=1e-12)
     np.testing.assert_allclose(state["m"]["a.w"], 0.1 * np.array([0.1, -0.3]))
     # t = 2 with the same gradient: mhat = g, vhat = g^2 again (bias correction)
-    ba.adamw_step(params, grads, state, lr, beta1=b1, beta2=b2, eps=eps, weight_decay=0.0)
+    optim.adamw_step(params, grads, state, lr, beta1=b1, beta2=b2, eps=eps, weight_decay=0.0)
     np.testing.assert_allclose(params["a.b"], [b_expected - lr * 2.0 / (2.0 + eps)], rtol=1e-12)
 
 
 def test_clip_and_schedule():
     grads = {"x": np.array([3.0, 4.0])}
-    assert ba.clip_grad_norm(grads, 1.0) == pytest.approx(5.0)
+    assert optim.clip_grad_norm(grads, 1.0) == pytest.approx(5.0)
     np.testing.assert_allclose(grads["x"], [0.6, 0.8])
-    assert ba.lr_schedule(0, 1.0, 10, 100) == pytest.approx(0.1)
-    assert ba.lr_schedule(9, 1.0, 10, 100) == pytest.approx(1.0)
-    assert ba.lr_schedule(55, 1.0, 10, 100) == pytest.approx(0.5)
-    assert ba.lr_schedule(100, 1.0, 10, 100, min_lr=0.1) == pytest.approx(0.1)
+    assert optim.lr_schedule(0, 1.0, 10, 100) == pytest.approx(0.1)
+    assert optim.lr_schedule(9, 1.0, 10, 100) == pytest.approx(1.0)
+    assert optim.lr_schedule(55, 1.0, 10, 100) == pytest.approx(0.5)
+    assert optim.lr_schedule(100, 1.0, 10, 100, min_lr=0.1) == pytest.approx(0.1)
 
 
-def test_tiny_model_overfits_one_batch():
+def test_tiny_model_overfits_one_batch(path):
     cfg = ba.Config(vocab_size=10, n_classes=6, max_len=8, d_model=16, n_layers=2, n_heads=2, dtype="float64")
     params = ba.init_params(cfg, 0)
-    state = ba.adamw_init(params)
+    state = optim.adamw_init(params)
     rng = np.random.default_rng(14)
     tokens, targets, mask = rng.integers(0, 10, (4, 8)), rng.integers(0, 6, (4, 8)), np.ones((4, 8))
     first = None
     for step in range(300):
         loss, grads = ba.loss_and_grads(params, tokens, targets, mask, cfg)
         first = loss if first is None else first
-        ba.clip_grad_norm(grads, 1.0)
-        ba.adamw_step(params, grads, state, 1e-2)
+        optim.clip_grad_norm(grads, 1.0)
+        optim.adamw_step(params, grads, state, 1e-2)
     assert first > 1.5 and loss < 0.05, f"loss went from {first:.3f} to {loss:.3f}; expected below 0.05"
 
 
@@ -514,3 +555,13 @@ def test_config_rejects_bad_values():
         ba.cross_entropy(np.zeros((1, 2, 5)), np.array([[0, 5]]), np.ones((1, 2)))
     with pytest.raises(ValueError, match="exceeds max_len=6"):
         ba.forward(params, np.zeros((1, 7), dtype=int), cfg)
+
+
+@pytest.mark.parametrize("pos", ["learned", "sinusoidal"])
+def test_param_shapes_are_init_params_shapes(pos):
+    import mlp_baseline as mb
+    cfg = ba.Config(vocab_size=7, n_classes=5, max_len=6, d_model=8, n_layers=2, n_heads=2, pos=pos)
+    assert ba.param_shapes(cfg) == {k: v.shape for k, v in ba.init_params(cfg).items()}
+    for inputs in mb.INPUTS:
+        mcfg = mb.MLPConfig(vocab_size=7, n_classes=5, max_len=6, width=4, n_blocks=2, inputs=inputs)
+        assert mb.mlp_param_shapes(mcfg) == {k: v.shape for k, v in mb.mlp_init_params(mcfg).items()}

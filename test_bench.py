@@ -54,25 +54,29 @@ def test_torch_is_optional(monkeypatch):
     assert bench.torch_available() is None
 
 
-def test_step_products_records_the_layer_products_and_restores_matmul():
+def test_step_products_records_the_layer_products_and_restores_matmul(monkeypatch):
     import numpy as np
     import bayesattn as ba
     import bench
+    import kernels
+    import layers
+    monkeypatch.setattr(layers, "FAST", {})
+    kernels.enable()                                          # the products are the fast path's (kernels.matmul)
     cfg = ba.Config(vocab_size=7, n_classes=5, max_len=6, d_model=8, n_layers=2, n_heads=2, dtype="float32")
     rng = np.random.default_rng(0)
     batch = {"tokens": rng.integers(0, 7, (3, 6)), "targets": rng.integers(0, 5, (3, 6)), "mask": np.ones((3, 6))}
     step = bench.ours_step(cfg, ba.init_params(cfg, 0), batch)
     replay, flops, calls = bench.step_products(step)
-    assert ba.matmul.__name__ == "matmul" and ba.matmul_tn.__name__ == "matmul_tn"     # restored
+    assert kernels.matmul.__name__ == "matmul" and kernels.matmul_tn.__name__ == "matmul_tn"     # restored
     assert calls == 18 * cfg.n_layers + 3
     B, T = batch["tokens"].shape
     assert flops == bench.step_flops(cfg, B, T) - bench.attention_flops(cfg, B, T)    # every layer product
     replay()
 
     def failing_step():
-        ba.matmul(np.ones((2, 2)), np.ones((2, 2)))
+        kernels.matmul(np.ones((2, 2)), np.ones((2, 2)))
         raise RuntimeError("boom")
-    originals = ba.matmul, ba.matmul_tn
+    originals = kernels.matmul, kernels.matmul_tn
     with pytest.raises(RuntimeError):
         bench.step_products(failing_step)
-    assert (ba.matmul, ba.matmul_tn) == originals                 # restored after an exception too
+    assert (kernels.matmul, kernels.matmul_tn) == originals                 # restored after an exception too

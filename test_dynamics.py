@@ -1,11 +1,12 @@
-"""Tests for dynamics.py: the one-head model's gradients, the three optimisers, the entry points.
+"""Tests for onehead.py and dynamics.py: the one-head model's gradients, the three optimisers, the entry points.
 
 Finite differences are centred (h = 1e-5) in float64 on a small batch, one weight entry at a time,
 on the scalar loss. Relative error per weight = max|a - n| / max(max|a|, max|n|).
 """
 import json
 
-import dynamics as dy  # first: bayesattn, imported by it, pins OpenBLAS to one thread before NumPy loads
+import dynamics as dy  # first: layers, imported by it, pins OpenBLAS to one thread before NumPy loads
+import onehead as oh
 import numpy as np
 import pytest
 
@@ -20,8 +21,8 @@ def rel_error(a, n):
 
 def small_problem(seed=0, B=2, T=9, std=0.5, dtype="float64"):
     """A batch of sticky chains and a head with weights large enough that attention is far from uniform."""
-    x, targets = dy.sticky_data(seed, T=T, n=B)
-    return x.astype(dtype), targets, dy.init_head(seed, std=std, dtype=dtype)
+    x, targets = oh.sticky_data(seed, T=T, n=B)
+    return x.astype(dtype), targets, oh.init_head(seed, std=std, dtype=dtype)
 
 
 def centred_difference(loss, w):
@@ -40,7 +41,7 @@ def centred_difference(loss, w):
 
 def numerical_grads(params, x, targets):
     """dL/dW for every weight by centred differences of the reference loss."""
-    loss = lambda: dy.head_loss(params, x, targets, fast=False)[0]
+    loss = lambda: oh.head_loss(params, x, targets, fast=False)[0]
     return {name: centred_difference(loss, params[name]) for name in NAMES}
 
 
@@ -56,22 +57,22 @@ def assert_close(analytic, reference, tol, what):
 
 def test_reference_backward_matches_finite_differences():
     x, targets, params = small_problem()
-    _, grads, _ = dy.head_loss_and_grads(params, x, targets, fast=False)
+    _, grads, _ = oh.head_loss_and_grads(params, x, targets, fast=False)
     assert_close(grads, numerical_grads(params, x, targets), GRAD_TOL, "head_backward_ref vs finite differences")
 
 
 def test_reference_backward_at_the_papers_init():
     """At N(0, 0.1^2) the routing gradients are ~100x smaller than the value gradients: check them too."""
     x, targets, params = small_problem(seed=1, std=0.1)
-    _, grads, _ = dy.head_loss_and_grads(params, x, targets, fast=False)
+    _, grads, _ = oh.head_loss_and_grads(params, x, targets, fast=False)
     assert_close(grads, numerical_grads(params, x, targets), GRAD_TOL, "head_backward_ref vs finite differences")
 
 
 @pytest.mark.parametrize("dtype, tol", [("float64", 1e-12), ("float32", 2e-5)])
 def test_fast_path_matches_reference(dtype, tol):
     x, targets, params = small_problem(seed=2, B=3, T=37, dtype=dtype)
-    loss_ref, grads_ref, cache_ref = dy.head_loss_and_grads(params, x, targets, fast=False)
-    loss, grads, cache = dy.head_loss_and_grads(params, x, targets, fast=True)
+    loss_ref, grads_ref, cache_ref = oh.head_loss_and_grads(params, x, targets, fast=False)
+    loss, grads, cache = oh.head_loss_and_grads(params, x, targets, fast=True)
     assert abs(loss - loss_ref) <= tol * abs(loss_ref)
     assert rel_error(cache["alpha"], cache_ref["alpha"]) <= tol
     assert np.all(np.triu(cache["alpha"], k=1) == 0), "causal: no attention above the diagonal"
@@ -82,7 +83,7 @@ def test_fast_path_matches_reference(dtype, tol):
 def test_cross_entropy_matches_bayesattn():
     rng = np.random.default_rng(3)
     logits, targets = rng.normal(size=(2, 5, 8)), rng.integers(0, 8, (2, 5))
-    loss, dlogits = dy.cross_entropy(logits, targets)
+    loss, dlogits = oh.cross_entropy(logits, targets)
     loss_ba, dlogits_ba = dy.ba.cross_entropy(logits, targets, np.ones(targets.shape))
     assert abs(loss - loss_ba) < 1e-12
     np.testing.assert_allclose(dlogits, dlogits_ba, atol=1e-14)
@@ -93,11 +94,11 @@ def test_cross_entropy_matches_bayesattn():
 
 def test_em_like_changes_only_the_value_step():
     x, targets, params = small_problem(seed=4)
-    _, grads, _ = dy.head_loss_and_grads(params, x, targets)
+    _, grads, _ = oh.head_loss_and_grads(params, x, targets)
     sgd = {k: v.copy() for k, v in params.items()}
     em = {k: v.copy() for k, v in params.items()}
-    dy.sgd_step(sgd, grads, 0.01)
-    dy.em_like_step(em, grads, 0.01)
+    oh.sgd_step(sgd, grads, 0.01)
+    oh.em_like_step(em, grads, 0.01)
     for name in ("W_Q", "W_K", "W_O"):
         assert np.array_equal(sgd[name], em[name]), f"{name} differs between the SGD and EM-like steps"
     np.testing.assert_allclose(em["W_V"] - params["W_V"], 10.0 * (sgd["W_V"] - params["W_V"]), rtol=1e-9, atol=1e-15)
@@ -106,21 +107,21 @@ def test_em_like_changes_only_the_value_step():
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_m_step_never_increases_the_loss(seed):
-    x, targets = dy.sticky_data(seed, T=48, n=3)
-    params = dy.init_head(seed, std=0.3)
-    loss0, _, _, cache = dy.head_loss(params, x, targets)
-    H = dy._rows(cache["H"])
-    W, losses = dy.m_step(H, targets.reshape(-1), params["W_V"] @ params["W_O"])
+    x, targets = oh.sticky_data(seed, T=48, n=3)
+    params = oh.init_head(seed, std=0.3)
+    loss0, _, _, cache = oh.head_loss(params, x, targets)
+    H = oh._rows(cache["H"])
+    W, losses = oh.m_step(H, targets.reshape(-1), params["W_V"] @ params["W_O"])
     assert all(b <= a for a, b in zip(losses, losses[1:])), f"Newton losses went up: {losses}"
     assert abs(losses[0] - loss0) < 1e-12
-    after = dict(params, W_V=dy.refactor_values(W, params))
+    after = dict(params, W_V=oh.refactor_values(W, params))
     np.testing.assert_allclose(after["W_V"] @ after["W_O"], W, atol=1e-10)    # the refactor is exact
-    loss1 = dy.head_loss(after, x, targets)[0]
+    loss1 = oh.head_loss(after, x, targets)[0]
     assert loss1 <= loss0 + 1e-12, f"M-step raised the loss {loss0} -> {loss1}"
     assert loss1 < loss0 - 1e-3
     # the whole M-step arm's update (M-step, then the routing step) starts from the M-step's loss
     p = {k: v.copy() for k, v in params.items()}
-    loss_m, _, g, _ = dy.m_step_update(p, dict(cache), targets, 0.01)
+    loss_m, _, g, _ = oh.m_step_update(p, dict(cache), targets, 0.01)
     assert abs(loss_m - loss1) < 1e-10 and set(g) == {"W_Q", "W_K"}
     assert np.array_equal(p["W_O"], params["W_O"])
 
@@ -137,8 +138,8 @@ def test_quick_run_lowers_its_loss(tmp_path):
 
 
 def test_compare_em_quick_writes_everything(tmp_path):
-    dy.compare_em(fig_dir=str(tmp_path), quick=True)
-    for name in ("em_vs_sgd.png", "two_timescales.png", "dynamics.json"):
+    dy.compare_em(out_dir=str(tmp_path), quick=True)
+    for name in ("em_vs_sgd.png", "two_timescales.png", "dynamics.json", "curves.json"):
         assert (tmp_path / name).stat().st_size > 0, name
     out = json.loads((tmp_path / "dynamics.json").read_text())
     for key in ("config", "long_chain", "short_sequences", "exact_bayes_reference", "sigma3_sgd",
@@ -158,10 +159,10 @@ def test_compare_em_quick_writes_everything(tmp_path):
 # the authors' chain and their deep variant
 
 def test_authors_chain_is_the_effective_0_3498():
-    P, _ = dy.sticky_task("authors")
-    assert P[0, 0] == pytest.approx(0.349802, abs=1e-6) and dy.sticky_task("exact")[0][0, 0] == 0.3
+    P, _ = oh.sticky_task("authors")
+    assert P[0, 0] == pytest.approx(0.349802, abs=1e-6) and oh.sticky_task("exact")[0][0, 0] == 0.3
     with pytest.raises(ValueError, match="chain='other': allowed are 'exact', 'authors'"):
-        dy.sticky_task("other")
+        oh.sticky_task("other")
 
 
 def test_deep_model_gradients_match_finite_differences():
@@ -171,7 +172,7 @@ def test_deep_model_gradients_match_finite_differences():
     rng = np.random.default_rng(1)
     for name in params:
         params[name] = params[name] + rng.normal(0, 0.3, params[name].shape)
-    x, targets = dy.sticky_data(2, T=6, n=2)
+    x, targets = oh.sticky_data(2, T=6, n=2)
     _, grads = dy.deep_loss_and_grads(params, x, targets, cfg)
     assert set(grads) == set(params)
     loss = lambda: dy.deep_loss_and_grads(params, x, targets, cfg)[0]
@@ -192,3 +193,23 @@ def test_deep_variant_trains_and_reports_against_exact_bayes():
     assert r["train_loss_bits"][-1] < r["train_loss_bits"][0]
     assert r["test_kl_bits"] > 0 and r["test_loss_bits"] > r["test_bayes_loss_bits"] - 0.2
     assert out["config"]["bound_bits"] == pytest.approx(2.639, abs=1e-3)     # the authors' chain
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--sticky", "--sigma", "nan"], "--sigma nan: must be a finite number > 0"),
+    (["--sticky", "--sigma=-1"], "--sigma -1.0: must be a finite number > 0"),
+    (["--sticky", "--sigma", "inf"], "--sigma inf: must be a finite number > 0"),
+    (["--quick", "--steps", "0"], "--steps 0: must be a positive integer"),
+    (["--compare-em", "--seed", "3"], "--seed and --sigma belong to --sticky"),
+    (["--chain", "other"], "invalid choice: 'other'"),
+])
+def test_dynamics_cli_bad_input_gives_one_line(args, expected, tmp_path):
+    import os
+    import subprocess
+    import sys
+    here = os.path.dirname(os.path.abspath(__file__))
+    proc = subprocess.run([sys.executable, os.path.join(here, "dynamics.py"), *args], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and expected in lines[0], proc.stderr
+    assert os.listdir(tmp_path) == []                               # nothing written

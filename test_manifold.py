@@ -4,6 +4,8 @@ import os
 
 import manifold as mf  # first: bayesattn, imported by it, pins OpenBLAS to one thread before NumPy loads
 import bayesattn as ba
+import checkpoints
+import formation
 import numpy as np
 import pytest
 import windtunnels as wt
@@ -146,20 +148,23 @@ def test_identical_snapshots_give_zero_attention_change(tmp_path):
     params = loud_params(cfg)
     os.makedirs(tmp_path / "snapshots")
     for step in (10, 100):
-        ba.save_checkpoint(str(tmp_path / "snapshots" / f"step_{step:07d}.npz"), params, cfg, meta={"step": step})
+        checkpoints.save_checkpoint(str(tmp_path / "snapshots" / f"step_{step:07d}.npz"), params, cfg, meta={"step": step})
     batch = mf.probe_batch("bijection", cfg, 8, 0)
-    fp = mf.frame_precision(str(tmp_path), cfg, batch, "bijection")
+    snaps = [(s, checkpoints.load_checkpoint(p)[0]) for s, p in formation.snapshot_paths(str(tmp_path))]
+    fp = formation.frame_precision(snaps, lambda p: mf.snapshot_state(p, cfg, batch, "bijection"),
+                                   lambda p, rank: mf.frame_basis(p, "bijection", cfg, rank), 8, cfg.d_model)
     assert fp["steps"] == [10, 100]
+    assert fp["authors"]["overlap"] == pytest.approx([1.0, 1.0])       # the same frame: full overlap
     assert np.all(np.asarray(fp["attention_tv_per_layer"]) == 0.0)
     assert fp["entropy_mae_bits"][0] == fp["entropy_mae_bits"][1]
 
 
 def test_settling_step_is_the_first_step_after_which_change_stays_small():
     steps = [1, 2, 4, 8, 16]
-    assert mf.settling_step(steps, [1.0, 5.0, 0.2, 0.1]) == 4         # threshold 0.5: calm from interval 4 -> 8
-    assert mf.settling_step(steps, [1.0, 5.0, 0.2, 0.6]) is None      # still moving in the last interval
-    assert mf.attention_tv(np.eye(3), np.eye(3)) == 0.0
-    assert mf.attention_tv(np.eye(2), np.eye(2)[::-1]) == pytest.approx(1.0)  # disjoint rows: TV 1
+    assert formation.settling_step(steps, [1.0, 5.0, 0.2, 0.1]) == 4         # threshold 0.5: calm from 4 -> 8
+    assert formation.settling_step(steps, [1.0, 5.0, 0.2, 0.6]) is None      # still moving in the last interval
+    assert formation.attention_tv(np.eye(3), np.eye(3)) == 0.0
+    assert formation.attention_tv(np.eye(2), np.eye(2)[::-1]) == pytest.approx(1.0)  # disjoint rows: TV 1
 
 
 # ----------------------------------------------------------------------------
@@ -169,9 +174,9 @@ def write_run(tmp_path, cfg, meta, seeds=(1, 2)):
     run = tmp_path / "tiny-run"
     os.makedirs(run / "snapshots")
     for i, s in enumerate(seeds):
-        ba.save_checkpoint(str(run / "snapshots" / f"step_{10 ** (i + 1):07d}.npz"), ba.init_params(cfg, s), cfg,
+        checkpoints.save_checkpoint(str(run / "snapshots" / f"step_{10 ** (i + 1):07d}.npz"), ba.init_params(cfg, s), cfg,
                            meta={"step": 10 ** (i + 1)})
-    ba.save_checkpoint(str(run / "checkpoint.npz"), ba.init_params(cfg, seeds[-1]), cfg, meta=meta)
+    checkpoints.save_checkpoint(str(run / "checkpoint.npz"), ba.init_params(cfg, seeds[-1]), cfg, meta=meta)
     return run
 
 
@@ -219,3 +224,20 @@ def test_bad_arguments_give_one_clear_line(tmp_path):
                               capture_output=True, text=True, timeout=120)
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode == 2 and len(lines) == 1 and expected in lines[0], proc.stderr
+
+
+def test_authors_manifold_by_hand_and_positions_where_h_is_constant():
+    """H = 2 x PC1 exactly: |Pearson| 1 and R^2 1 on the top 5 PCs. A position where H is constant (up to
+    float rounding, as log2 20 computed per sequence is) has no within-position R^2, not a huge negative one."""
+    rng = np.random.default_rng(0)
+    t = rng.normal(size=200)
+    X = np.c_[5 * t, rng.normal(size=(200, 3)) * 0.1]                  # PC1 is the t axis
+    position = np.repeat([0, 1], 100)
+    m = mf.authors_manifold(X, 2 * t, position)
+    assert m["pc1_variance"] > 0.99 and m["best_pc"] == 1
+    assert m["best_abs_pearson"] == pytest.approx(1.0) and m["r2_top5"] == pytest.approx(1.0)
+    h = 2 * t
+    h[position == 0] = np.log2(20) + 1e-16 * rng.normal(size=100)        # "constant" entropy at position 0
+    m = mf.authors_manifold(X, h, position)
+    assert m["mean_within_position_r2_top5"] == pytest.approx(1.0)        # position 1 alone: H = 2 t exactly
+    assert mf.r_squared(X[:100], h[:100]) is None and mf.pearson(X[:100, 0], h[:100]) is None

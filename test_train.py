@@ -12,14 +12,17 @@ import numpy as np
 import pytest
 
 import bayesattn as ba
+import optim
+import checkpoints
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 QUICK = ["--preset", "quick", "--quiet", "--no-baseline", "--no-geometry", "--eval-seqs", "200"]
 
 
 def run(args, tmp_path, timeout=300):
-    return subprocess.run([sys.executable, os.path.join(HERE, "train.py"), *args,
-                           "--figures", str(tmp_path / "figures")],
+    """train.py with args in tmp_path; figures into tmp_path/figures (the sticky task draws none)."""
+    figures = [] if "sticky" in args else ["--figures", str(tmp_path / "figures")]
+    return subprocess.run([sys.executable, os.path.join(HERE, "train.py"), *args, *figures],
                           cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
 
 
@@ -52,8 +55,20 @@ def assert_clear_error(proc, expected):
     (["--heads", "3"], "--heads 3 does not divide --width 64"),
     (["--V", "1"], "--V 1: the bijection needs at least 2 keys"),
     (["--task", "hmm", "--K", "0"], "--K 0: the HMM needs at least 1 observation"),
-    (["--lr", "0"], "--lr 0.0: must be > 0"),
-    (["--lr=-1e-3"], "--lr -0.001: must be > 0"),
+    (["--lr", "0"], "--lr 0.0: must be a finite number > 0"),
+    (["--lr=-1e-3"], "--lr -0.001: must be a finite number > 0"),
+    (["--lr", "inf"], "--lr inf: must be a finite number > 0"),
+    (["--lr", "nan"], "--lr nan: must be a finite number > 0"),
+    (["--seed", "-1"], "--seed -1: must be an integer in 0..2^63-1"),
+    (["--eval-seqs", "2"], "--eval-seqs 2: must be at least 4 (the single-sequence figure draws four)"),
+    (["--warmup", "-1"], "--warmup -1: must be a non-negative integer"),
+    (["--batch", "1000000"], "a training step would need about"),
+    (["--width", "100000", "--heads", "1"], "GiB are available"),
+    (["--kernels", "cuda"], "--kernels 'cuda': allowed are numba, numpy"),
+    (["--task", "sticky", "--stop-after", "5"], "--stop-after: not used by --task sticky"),
+    (["--task", "sticky", "--eval-seqs", "100"], "--eval-seqs: not used by --task sticky"),
+    (["--task", "sticky", "--figures", "x"], "--figures: not used by --task sticky"),
+    (["--resume", "--overwrite"], "--resume and --overwrite: continue the run in --out or replace it, not both"),
     (["--dtype", "float16"], "--dtype 'float16': allowed are float32, float64"),
     (["--pos", "rope"], "--pos 'rope': allowed are learned, sinusoidal"),
     (["--lr-floor", "1.5"], "--lr-floor 1.5: must lie in [0, 1] (a fraction of --lr)"),
@@ -66,7 +81,18 @@ def assert_clear_error(proc, expected):
     (["--out", "/proc/no/such/dir"], "--out '/proc/no/such/dir' cannot be written"),
 ])
 def test_bad_input_gives_one_clear_line(args, expected, tmp_path):
+    """Each bad input gets its one line and exit code 2, and nothing already in --out changes."""
+    out = tmp_path / "earlier"
+    os.makedirs(out / "snapshots")
+    files = {"checkpoint.npz": b"an earlier run", "metrics.json": b"{}", "log.csv": b"step\n1\n",
+             "snapshots/step_0000001.npz": b"x", "notes.txt": b"mine"}
+    for name, data in files.items():
+        (out / name).write_bytes(data)
+    if "--out" not in args and "--eval-only" not in args:
+        args = [*args, "--out", str(out)]
     assert_clear_error(run(args, tmp_path), expected)
+    assert {name: (out / name).read_bytes() for name in files} == files
+    assert sorted(os.listdir(out)) == sorted(["checkpoint.npz", "metrics.json", "log.csv", "snapshots", "notes.txt"])
 
 
 def test_corrupt_and_mismatched_checkpoints(tmp_path):
@@ -98,8 +124,8 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path):
     stopped = run([*QUICK, "--steps", "16", "--out", str(b), "--stop-after", "7"], tmp_path)
     assert stopped.returncode == 0 and "stopped at step 7 of 16" in stopped.stdout
     assert run([*QUICK, "--steps", "16", "--out", str(b), "--resume"], tmp_path).returncode == 0
-    pa, _, ma, sa = ba.load_checkpoint(str(a / "checkpoint.npz"))
-    pb, _, mb, sb = ba.load_checkpoint(str(b / "checkpoint.npz"))
+    pa, _, ma, sa = checkpoints.load_checkpoint(str(a / "checkpoint.npz"))
+    pb, _, mb, sb = checkpoints.load_checkpoint(str(b / "checkpoint.npz"))
     assert ma["step"] == mb["step"] == 16 and sa["t"] == sb["t"] == 16
     for name in pa:
         assert np.array_equal(pa[name], pb[name]), name
@@ -133,7 +159,7 @@ def test_lr_floor_sets_the_end_of_the_cosine(floor, tmp_path):
     assert run([*QUICK, "--steps", "30", "--warmup", "5", "--lr", "2e-3", "--lr-floor", floor, "--out", str(out)],
                tmp_path).returncode == 0
     logged = np.loadtxt(out / "log.csv", delimiter=",", skiprows=1)[:, 3]
-    want = [ba.lr_schedule(s, 2e-3, 5, 30, min_lr=2e-3 * float(floor)) for s in range(30)]
+    want = [optim.lr_schedule(s, 2e-3, 5, 30, min_lr=2e-3 * float(floor)) for s in range(30)]
     assert np.allclose(logged, want, rtol=1e-3, atol=0), (logged, want)
     assert json.loads((out / "metrics.json").read_text())["steps"] == 30
 
@@ -145,7 +171,7 @@ def test_weight_decay_and_threads_are_applied_and_recorded(tmp_path):
         out = tmp_path / f"wd{wd}"
         assert run([*QUICK, "--steps", "8", "--weight-decay", wd, "--threads", "1", "--out", str(out)],
                    tmp_path).returncode == 0
-        params[wd], _, meta, _ = ba.load_checkpoint(str(out / "checkpoint.npz"))
+        params[wd], _, meta, _ = checkpoints.load_checkpoint(str(out / "checkpoint.npz"))
         assert meta["weight_decay"] == float(wd) and meta["threads"] == 1
     # decay shrinks the matrices: W <- W - lr * wd * W each step, on top of the (nearly equal) Adam steps
     assert np.abs(params["0.5"]["blocks.0.mlp.w1"]).sum() < np.abs(params["0"]["blocks.0.mlp.w1"]).sum()
@@ -186,7 +212,7 @@ def test_soft_targets_are_used_and_reported(task, tmp_path):
     proc = run([*QUICK, "--task", task, "--soft", "--out", str(out)], tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert json.loads((out / "metrics.json").read_text())["targets"] == "soft"
-    _, cfg, _, _ = ba.load_checkpoint(str(out / "checkpoint.npz"))
+    _, cfg, _, _ = checkpoints.load_checkpoint(str(out / "checkpoint.npz"))
     # HMM: learned positions past the training length (52 + 20) reuse its last row; the bijection has none
     assert cfg.pos_limit == (72 if task == "hmm" else 0) and cfg.max_len == (102 if task == "hmm" else 38)
     log = np.loadtxt(out / "log.csv", delimiter=",", skiprows=1)
@@ -214,7 +240,7 @@ def test_ctrl_c_saves_a_checkpoint(tmp_path):
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "interrupted after step" in err and "Traceback" not in err, err
-    _, _, meta, opt_state = ba.load_checkpoint(str(out / "checkpoint.npz"))
+    _, _, meta, opt_state = checkpoints.load_checkpoint(str(out / "checkpoint.npz"))
     assert meta["step"] >= 3 and opt_state["t"] == meta["step"]
 
 
@@ -271,12 +297,12 @@ def test_authors_mlp_learns_exactly_the_prior(task):
     predict = lambda tok: mb.mlp_predict_proba(params, tok, mcfg)
     before = train.evaluate(predict, held_out)[0]["entropy_mae_bits"]
     assert abs(before - gap) > 0.1, (before, gap)
-    state = ba.adamw_init(params)
+    state = optim.adamw_init(params)
     for step in range(300):
         b = spec["batch"](np.random.default_rng((5, step)), 64)
         loss, grads = mb.mlp_loss_and_grads(params, b["tokens"], b["targets"], b["mask"], mcfg)
-        ba.clip_grad_norm(grads, 1.0)
-        ba.adamw_step(params, grads, state, ba.lr_schedule(step, 1e-2, 20, 300, min_lr=1e-3))
+        optim.clip_grad_norm(grads, 1.0)
+        optim.adamw_step(params, grads, state, optim.lr_schedule(step, 1e-2, 20, 300, min_lr=1e-3))
     m = train.evaluate(predict, held_out)[0]
     assert abs(m["entropy_mae_bits"] - gap) < 0.03, (task, m["entropy_mae_bits"], gap)
     assert abs(m["kl_bits"] - gap) < 0.03, (task, m["kl_bits"], gap)   # KL(post || uniform) = log2 K - H(post)
@@ -309,10 +335,125 @@ def test_sawtooth_presets_reach_the_model(tmp_path):
     assert (args.init, args.curriculum, args.layers, args.heads) == ("fan-in", "5:1000", 2, 2)
     out = tmp_path / "s"
     assert run([*QUICK, "--task", "sawtooth", "--steps", "3", "--out", str(out)], tmp_path).returncode == 0
-    params, cfg, meta, _ = ba.load_checkpoint(str(out / "checkpoint.npz"))
+    params, cfg, meta, _ = checkpoints.load_checkpoint(str(out / "checkpoint.npz"))
     assert cfg.init == "fan-in" and meta["init"] == "fan-in" and meta["curriculum"] == "5:30"
     assert 0.5 < float(np.std(params["wte"])) < 2.0                 # N(0, 1) embeddings, not N(0, 0.02)
     spec = train.task_spec("sawtooth", curriculum="5:30")
     early, late = (spec["batch"](np.random.default_rng(0), 50, step) for step in (29, 30))
     assert max(len(set(k)) for k in early["tokens"][:, 0:38:2]) <= 5     # 5-key alphabets before step 30
     assert max(len(set(k)) for k in late["tokens"][:, 0:38:2]) > 5       # then the task itself
+
+
+def test_a_finished_run_is_never_overwritten_silently(tmp_path):
+    out = tmp_path / "r"
+    assert run([*QUICK, "--steps", "12", "--out", str(out)], tmp_path).returncode == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    snaps = sorted(p.name for p in (out / "snapshots").iterdir())
+    (out / "notes.txt").write_text("mine")
+    assert_clear_error(run([*QUICK, "--steps", "5", "--out", str(out)], tmp_path),
+                       "already holds a run (checkpoint.npz, log.csv, metrics.json, ...): continue it with --resume, "
+                       "replace it with --overwrite, or give another --out")
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != "notes.txt"} == before
+    proc = run([*QUICK, "--steps", "5", "--out", str(out), "--overwrite"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    _, _, meta, _ = checkpoints.load_checkpoint(str(out / "checkpoint.npz"))
+    assert meta["step"] == 5 and (out / "notes.txt").read_text() == "mine"          # only the run's own files go
+    assert sorted(p.name for p in (out / "snapshots").iterdir()) != snaps            # old snapshots do not linger
+    assert max(int(p.name[5:12]) for p in (out / "snapshots").iterdir()) == 5
+
+
+def test_resume_refuses_a_stop_before_its_checkpoint_and_another_eval_set(tmp_path):
+    out = tmp_path / "s"
+    assert run([*QUICK, "--steps", "16", "--stop-after", "8", "--out", str(out)], tmp_path).returncode == 0
+    data = (out / "checkpoint.npz").read_bytes()
+    assert_clear_error(run([*QUICK, "--steps", "16", "--stop-after", "6", "--resume", "--out", str(out)], tmp_path),
+                       "--stop-after 6: the checkpoint")
+    assert_clear_error(run([*QUICK[:-1], "300", "--steps", "16", "--resume", "--out", str(out)], tmp_path),
+                       "has eval_seqs=200 but this run asks for 300")
+    assert (out / "checkpoint.npz").read_bytes() == data
+
+
+def test_eval_only_scores_the_runs_own_held_out_set(tmp_path):
+    out = tmp_path / "e"
+    assert run([*QUICK, "--steps", "6", "--seed", "3", "--out", str(out)], tmp_path).returncode == 0
+    kl = json.loads((out / "metrics.json").read_text())["kl_bits"]
+    import train
+    m = train.main(["--eval-only", str(out / "checkpoint.npz"), "--figures", str(tmp_path / "f"), "--threads", "1"])
+    assert m["kl_bits"] == pytest.approx(kl, rel=1e-9)                 # seed 3's held-out set, and its 200 sequences
+
+
+def test_sigterm_saves_a_checkpoint_like_ctrl_c(tmp_path):
+    out = tmp_path / "t"
+    proc = subprocess.Popen([sys.executable, os.path.join(HERE, "train.py"), *QUICK, "--steps", "100000",
+                             "--out", str(out), "--figures", str(tmp_path / "figures")],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not ((out / "log.csv").exists() and
+                                          len((out / "log.csv").read_text().splitlines()) > 3):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "interrupted after step" in err, err
+    _, _, meta, opt_state = checkpoints.load_checkpoint(str(out / "checkpoint.npz"))
+    assert meta["step"] >= 3 and opt_state["t"] == meta["step"]
+
+
+def test_saving_refuses_non_finite_weights_and_reports_a_full_disk(tmp_path, monkeypatch):
+    import training
+    cfg = ba.Config(vocab_size=5, n_classes=3, max_len=4, d_model=4, n_layers=1, n_heads=1)
+    params = ba.init_params(cfg)
+    path = tmp_path / "checkpoint.npz"
+    training.save_params(str(path), params, cfg, {"step": 1})
+    good = path.read_bytes()
+    params["blocks.0.attn.wq"][0, 0] = np.inf
+    with pytest.raises(training.TrainingStopped, match="weights blocks.0.attn.wq are not finite"):
+        training.save_params(str(path), params, cfg, {"step": 2}, step=2)
+    assert path.read_bytes() == good                                   # the last good checkpoint stays
+
+    def full(*a, **k):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(training, "save_checkpoint", full)
+    params["blocks.0.attn.wq"][0, 0] = 0.0
+    with pytest.raises(training.TrainingStopped, match="checkpoint.npz cannot be written .No space left on device."):
+        training.save_params(str(path), params, cfg, {"step": 3}, step=3)
+    assert path.read_bytes() == good
+
+
+def test_stale_temporaries_are_removed_and_checkpoints_get_the_usual_mode(tmp_path):
+    import training
+    os.makedirs(tmp_path / "snapshots")
+    for name in (".tmp-abc.npz", "snapshots/.tmp-def.npz", "keep.txt"):
+        (tmp_path / name).write_text("x")
+    training.remove_stale_temporaries(str(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == ["keep.txt", "snapshots"] and os.listdir(tmp_path / "snapshots") == []
+    cfg = ba.Config(vocab_size=5, n_classes=3, max_len=4, d_model=4, n_layers=1, n_heads=1)
+    checkpoints.save_checkpoint(str(tmp_path / "c.npz"), ba.init_params(cfg), cfg)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (tmp_path / "c.npz").stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_well_formed_archives_with_the_wrong_content_are_refused(tmp_path):
+    cfg = ba.Config(vocab_size=5, n_classes=3, max_len=4, d_model=4, n_layers=1, n_heads=1)
+    params = ba.init_params(cfg)
+    cases = {"shape": dict(params, **{"lnf.g": np.ones(5, np.float32)}),
+             "missing": {k: v for k, v in params.items() if k != "unembed.b"},
+             "extra": dict(params, stray=np.ones(2, np.float32))}
+    messages = {"shape": "parameter 'lnf.g' has shape (5,) float32, its config asks for (4,) floats",
+                "missing": "parameter 'unembed.b' is missing", "extra": "parameter 'stray' is not part of its config"}
+    for name, p in cases.items():
+        checkpoints.save_checkpoint(str(tmp_path / f"{name}.npz"), p, cfg, meta={"task": "bijection"})
+        assert_clear_error(run(["--eval-only", f"{name}.npz"], tmp_path), messages[name])
+    # an archive that declares gigabytes is refused before a byte of it is read
+    import zipfile
+    with zipfile.ZipFile(tmp_path / "huge.npz", "w", zipfile.ZIP_DEFLATED) as z:
+        with z.open("param:wte.npy", "w", force_zip64=True) as f:
+            chunk = b"\0" * (1 << 20)
+            for _ in range(2100):
+                f.write(chunk)
+    assert_clear_error(run(["--eval-only", "huge.npz"], tmp_path), "declares 2.1 GiB of arrays")
+
+
+def test_sticky_with_a_diverging_lr_stops_with_one_line(tmp_path):
+    assert_clear_error(run(["--task", "sticky", "--steps", "20", "--lr", "1e30", "--out", str(tmp_path / "k")],
+                           tmp_path), "the loss (nan) is not finite; training stopped")

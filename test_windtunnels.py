@@ -490,7 +490,7 @@ def test_sticky_bad_arguments():
     rng = np.random.default_rng(0)
     P = wt.sticky_transition()
     mu = wt.sticky_means(rng)
-    with pytest.raises(ValueError, match="sigma must be > 0"):
+    with pytest.raises(ValueError, match="sigma must be a finite number > 0"):
         wt.sticky_sample(rng, P, mu, 5, sigma=0.0)
     with pytest.raises(ValueError, match="same M"):
         wt.sticky_sample(rng, P, mu[:5], 5)

@@ -490,8 +490,8 @@ def _check_sticky(P, mu, sigma):
     mu = np.asarray(mu, dtype=np.float64)
     if P.ndim != 2 or mu.ndim != 2 or mu.shape[0] != P.shape[0]:
         raise ValueError(f"need P (M, M) and mu (M, d) with the same M, got {P.shape} and {mu.shape}")
-    if not sigma > 0:
-        raise ValueError(f"sigma must be > 0, got {sigma}")
+    if not (np.isfinite(sigma) and sigma > 0):
+        raise ValueError(f"sigma must be a finite number > 0, got {sigma}")
     return P, mu
 
 

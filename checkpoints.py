@@ -1,0 +1,128 @@
+"""checkpoints: what a run writes to disk, written atomically (a temporary file, then a rename).
+
+A checkpoint is one .npz: the model's config and a JSON "meta" dict (task, step, ...) as strings,
+the parameters as "param:<name>", optionally the AdamW state as "adam_t", "adam_m:<name>",
+"adam_v:<name>". Loading never unpickles anything. `write_json` is the one JSON writer of the
+project: numpy numbers become plain ones, NaN and inf become null.
+"""
+
+import json
+import math
+import os
+import tempfile
+import zipfile
+
+import numpy as np
+
+from bayesattn import Config, param_shapes
+from mlp_baseline import MLPConfig, mlp_param_shapes
+
+
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
+
+def _atomic_write(path, write):
+    """write(file) into a temporary file beside path, then rename it over path: a reader sees the old
+    file or the new one, never half of one."""
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=os.path.splitext(path)[1])
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.chmod(tmp, 0o666 & ~_UMASK)                   # mkstemp's 0600 would differ from every other output
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def save_arrays(path, arrays):
+    """A dict of arrays as an .npz at path, atomically."""
+    _atomic_write(path, lambda f: np.savez(f, **arrays))
+
+
+def save_checkpoint(path, params, cfg, meta=None, opt_state=None):
+    arrays = {"config": np.array(json.dumps(cfg.to_dict())), "meta": np.array(json.dumps(meta or {}))}
+    arrays.update({f"param:{k}": v for k, v in params.items()})
+    if opt_state is not None:
+        arrays["adam_t"] = np.array(opt_state["t"])
+        arrays.update({f"adam_m:{k}": v for k, v in opt_state["m"].items()})
+        arrays.update({f"adam_v:{k}": v for k, v in opt_state["v"].items()})
+    _atomic_write(path, lambda f: np.savez(f, **arrays))
+
+
+MAX_LOAD_BYTES = 2 ** 31    # a checkpoint declaring more than 2 GiB of arrays is refused before reading
+
+
+def load_checkpoint(path):
+    """-> (params, cfg, meta, opt_state or None). Raises ValueError with one clear line if the file is missing,
+    truncated, too large, or holds parameters of the wrong names or shapes for its own config."""
+    try:
+        with zipfile.ZipFile(path) as z:                # the sizes the archive declares, before reading any
+            declared = sum(info.file_size for info in z.infolist())
+        if declared > MAX_LOAD_BYTES:
+            raise ValueError(f"checkpoint {path!r} declares {declared / 2**30:.1f} GiB of arrays (at most "
+                             f"{MAX_LOAD_BYTES / 2**30:.0f} GiB are loaded)")
+        with np.load(path, allow_pickle=False) as z:
+            data = {k: z[k] for k in z.files}
+        fields = json.loads(str(data["config"]))
+        cfg = MLPConfig(**fields) if "width" in fields else Config(**fields)   # an MLP's config has a width
+        meta = json.loads(str(data["meta"]))
+        if not isinstance(meta, dict):
+            raise TypeError("meta is not a dict")
+    except FileNotFoundError:
+        raise ValueError(f"checkpoint {path!r} does not exist") from None
+    except ValueError as e:
+        if str(e).startswith(f"checkpoint {path!r}"):
+            raise
+        raise ValueError(f"checkpoint {path!r} is truncated or not a bayesattn checkpoint ({type(e).__name__})") from None
+    except (OSError, KeyError, TypeError, zipfile.BadZipFile, EOFError) as e:
+        raise ValueError(f"checkpoint {path!r} is truncated or not a bayesattn checkpoint ({type(e).__name__})") from None
+    params = {k[len("param:"):]: v for k, v in data.items() if k.startswith("param:")}
+    shapes = mlp_param_shapes(cfg) if isinstance(cfg, MLPConfig) else param_shapes(cfg)
+    _check_arrays(path, "parameter", params, shapes)
+    opt_state = None
+    if "adam_t" in data:
+        opt_state = {"t": int(data["adam_t"]),
+                     "m": {k[len("adam_m:"):]: v for k, v in data.items() if k.startswith("adam_m:")},
+                     "v": {k[len("adam_v:"):]: v for k, v in data.items() if k.startswith("adam_v:")}}
+        _check_arrays(path, "AdamW moment", opt_state["m"], shapes)
+        _check_arrays(path, "AdamW moment", opt_state["v"], shapes)
+    return params, cfg, meta, opt_state
+
+
+def _check_arrays(path, what, arrays, shapes):
+    """ValueError naming the first missing, unexpected or misshapen array."""
+    missing, extra = sorted(set(shapes) - set(arrays)), sorted(set(arrays) - set(shapes))
+    if missing or extra:
+        name = (missing or extra)[0]
+        raise ValueError(f"checkpoint {path!r}: {what} {name!r} is {'missing' if missing else 'not part of its config'}")
+    for name, shape in shapes.items():
+        if arrays[name].shape != tuple(shape) or not np.issubdtype(arrays[name].dtype, np.floating):
+            raise ValueError(f"checkpoint {path!r}: {what} {name!r} has shape {arrays[name].shape} "
+                             f"{arrays[name].dtype}, its config asks for {tuple(shape)} floats")
+
+
+def plain(obj):
+    """numpy scalars and arrays -> JSON types; non-finite floats -> None."""
+    if isinstance(obj, dict):
+        return {str(k): plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [plain(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return plain(obj.tolist())
+    if isinstance(obj, (bool, np.bool_)):
+        return bool(obj)
+    if isinstance(obj, (int, np.integer)):
+        return int(obj)
+    if isinstance(obj, (float, np.floating)):
+        return float(obj) if math.isfinite(obj) else None
+    return obj
+
+
+def write_json(path, obj, indent=1):
+    """obj as JSON (plain types, NaN -> null) at path, atomically."""
+    text = json.dumps(plain(obj), indent=indent, allow_nan=False)
+    _atomic_write(path, lambda f: f.write(text.encode()))

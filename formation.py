@@ -1,0 +1,139 @@
+"""formation: how the geometry forms over training (probe 6 of manifold.py), from a run's snapshots.
+
+The frame-precision dissociation of the papers: the attention pattern (the frame) settles early,
+the calibration (the precision) keeps improving. Two readings of it:
+  ours       the attention rows of consecutive snapshots (total-variation distance per step) against
+             the change of log10 entropy MAE; each series settles at the first snapshot after which its
+             change per step stays below SETTLE_FRACTION x its maximum;
+  authors'   the frame subspace of each snapshot against its final version (projection overlap as a
+             multiple of a random subspace's), against the calibration.
+What a snapshot is measured with (attention, calibration, the frame) is passed in by manifold.py.
+"""
+
+import glob
+import os
+
+import numpy as np
+
+SETTLE_FRACTION = 0.1       # a series settles once its per-step change stays below this x its maximum
+
+
+def snapshot_paths(run_dir):
+    """-> [(step, path)] of runs/<name>/snapshots/step_XXXXXXX.npz, sorted by step."""
+    paths = glob.glob(os.path.join(run_dir, "snapshots", "step_*.npz"))
+    return sorted((int(os.path.basename(p)[5:-4]), p) for p in paths)
+
+
+# ----------------------------------------------------------------------------
+# ours: attention change against calibration change
+#   frame change between consecutive snapshots a, b: mean over sequences, heads and every query
+#   row i of the total-variation distance TV_i = 1/2 sum_j |alpha^b_ij - alpha^a_ij|, per layer;
+#   divided by the steps between them it is a rate (per step).
+#   A series settles at the first snapshot step s after which its per-step change stays below
+#   SETTLE_FRACTION x its maximum: frame = mean over layers of the TV rate; precision = the rate
+#   of |change of log10 entropy MAE| (calibration improves in orders of magnitude).
+#   A second, scale-free rule: progress from the first snapshot (0) to the last (1), frame =
+#   1 - TV(alpha_s, alpha_last) / TV(alpha_first, alpha_last), precision = the fraction of the drop
+#   in log10 entropy MAE; the "90pct" step is the first after which progress stays >= 0.9.
+
+def attention_tv(alpha_a, alpha_b):
+    """Mean total-variation distance between corresponding attention rows (..., T): a float."""
+    return float(0.5 * np.abs(alpha_a - alpha_b).sum(-1).mean(dtype=np.float64))
+
+
+def settling_step(steps, change, frac=SETTLE_FRACTION):
+    """steps (S,) snapshot steps; change (S-1,) per-step change between consecutive snapshots.
+    -> the first step s_k after which change[k:] < frac * max(change) stays true (None if never)."""
+    change = np.asarray(change, dtype=np.float64)
+    if len(change) == 0 or not np.isfinite(change).all() or change.max() <= 0:
+        return None
+    return first_step_staying(steps, change < frac * change.max())
+
+
+def first_step_staying(steps, ok):
+    """-> the first steps[k] from which ok[k:] is all true (None if ok[-1] is false)."""
+    ok = np.asarray(ok, dtype=bool)
+    for k in range(len(ok)):
+        if ok[k:].all():
+            return int(steps[k])
+    return None
+
+
+def authors_frame_precision(steps, overlap, mae, chance):
+    """The authors' reading of probe 6: the frame's overlap with its final version as a multiple of chance,
+    against the calibration (entropy MAE). The frame plateaus at the first snapshot from which the ratio
+    stays >= 90% of its last value; the calibration gain after it is MAE(plateau) / MAE(last)."""
+    ratio = np.asarray(overlap) / chance
+    plateau = first_step_staying(steps, ratio >= 0.9 * ratio[-1])
+    k = steps.index(plateau) if plateau is not None else None
+    near_300 = int(np.argmin(np.abs(np.log(np.asarray(steps, np.float64) / 300.0))))
+    return {"overlap": list(overlap), "chance_overlap": chance, "ratio_to_chance": ratio.tolist(),
+            "ratio_ceiling": 1.0 / chance, "step_nearest_300": int(steps[near_300]),
+            "ratio_nearest_300": float(ratio[near_300]), "frame_plateau_step": plateau,
+            "ratio_at_plateau": None if k is None else float(ratio[k]),
+            "entropy_mae_at_plateau_bits": None if k is None else float(mae[k]),
+            "calibration_gain_after_plateau": None if k is None or mae[-1] <= 0 else float(mae[k] / mae[-1])}
+
+
+
+
+# ----------------------------------------------------------------------------
+# the authors': subspace overlap
+
+def projection_overlap(U, W):
+    """||U^T W||_F^2 / min(r1, r2) for orthonormal bases U (C, r1), W (C, r2): 1 iff one contains the other.
+    A uniformly random r1-dimensional U has expected overlap r1 r2 / C / min(r1, r2)."""
+    return float((np.linalg.svd(U.T @ W, compute_uv=False) ** 2).sum() / min(U.shape[1], W.shape[1]))
+
+
+def random_overlap(C, r1, r2):
+    """Expected projection overlap of a uniformly random r1-dimensional subspace with a fixed r2-dimensional
+    one in R^C: E||U^T W||_F^2 = r1 r2 / C, divided by min(r1, r2)."""
+    return r1 * r2 / C / min(r1, r2)
+
+
+def frame_precision(snaps, measure, frame, frame_rank, width, settle_fraction=SETTLE_FRACTION):
+    """Probe 6 over snapshots [(step, params)], in order of step; None with fewer than two.
+    measure(params) -> (attention per layer, a dict of numbers with at least "entropy_mae_bits");
+    frame(params, rank) -> an orthonormal basis (C, r) of the authors' frame (rank None: the whole span);
+    width: C, the model width."""
+    if len(snaps) < 2:
+        return None
+    last = snaps[-1][1]
+    final = measure(last)[0]                                          # attention of the last snapshot
+    final_frame = frame(last, None)                                   # (C, k) the authors' final frame
+    steps, states, tv, to_final, overlap, prev = [], [], [], [], [], None
+    for step, params in snaps:
+        alphas, state = measure(params)
+        overlap.append(projection_overlap(frame(params, frame_rank), final_frame))
+        if prev is not None:
+            tv.append([attention_tv(a, b) for a, b in zip(prev, alphas)])  # (L,) per layer
+        to_final.append([attention_tv(a, b) for a, b in zip(alphas, final)])
+        steps.append(step)
+        states.append(state)
+        prev = alphas
+    series = {key: [s[key] for s in states] for key in states[0]}
+    gaps = np.diff(steps).astype(np.float64)                          # (S-1,)
+    tv, to_final = np.asarray(tv), np.asarray(to_final)               # (S-1, L), (S, L)
+    log_mae = np.log10(np.maximum(series["entropy_mae_bits"], 1e-12))  # (S,)
+    frame_rate = tv.mean(1) / gaps                                    # (S-1,)
+    precision_rate = np.abs(np.diff(log_mae)) / gaps                  # (S-1,)
+    frame_progress = 1.0 - to_final.mean(1) / max(to_final.mean(1)[0], 1e-300)
+    drop = log_mae[0] - log_mae[-1]
+    precision_progress = (log_mae[0] - log_mae) / drop if drop != 0 else np.ones_like(log_mae)
+    settle = lambda change: settling_step(steps, change, settle_fraction)
+    return {"steps": steps, **series,
+            "attention_tv_per_layer": tv.tolist(), "attention_tv_rate": frame_rate.tolist(),
+            "precision_rate": precision_rate.tolist(),
+            "attention_tv_to_final_per_layer": to_final.tolist(),
+            "frame_progress": frame_progress.tolist(), "precision_progress": precision_progress.tolist(),
+            "frame_settle_step": settle(frame_rate),
+            "frame_settle_step_per_layer": [settle(tv[:, l] / gaps) for l in range(tv.shape[1])],
+            "precision_settle_step": settle(precision_rate), "settle_fraction": settle_fraction,
+            "frame_90pct_step": first_step_staying(steps, frame_progress >= 0.9),
+            "precision_90pct_step": first_step_staying(steps, precision_progress >= 0.9),
+            "authors": authors_frame_precision(steps, overlap, series["entropy_mae_bits"],
+                                               random_overlap(width, min(frame_rank, final_frame.shape[1]),
+                                                              final_frame.shape[1]))}
+
+

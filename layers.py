@@ -1,0 +1,170 @@
+"""layers: the layers every model here shares, in NumPy, each a forward/backward pair.
+
+Notation
+    B  batch size     T  sequence length     C  width (channels)     K  output classes
+    N  rows (B * T) of a flattened activation
+
+Gradient convention: every `*_backward` returns FRESH arrays (nothing is accumulated into
+buffers); a forward returns (out, cache) and its backward takes (dout, cache).
+
+The ops below are the readable path: plain NumPy, written from the equations in their docstrings.
+An op marked `@twin` has a twin of the same name and signature in kernels.py (Numba loops,
+threaded matrix products), tested against it. Which one runs is the one switch of the project:
+
+    FAST = {}            empty: every op runs as written here (what you read is what runs)
+    kernels.enable()     fills FAST with the twins: the fast path, which train.py uses by default
+                         (train.py --kernels numpy keeps this path)
+
+A twin is reached as op.numpy (this code) and op.fast (kernels.py) by the tests.
+"""
+
+import os
+
+# BLAS gets one thread and Numba the cores: on 2 cores their worker threads otherwise fight (and
+# OpenMP's idle workers should sleep, not spin). Only counts before NumPy is first imported.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+
+import functools  # noqa: E402
+import math  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+LN_EPS = 1e-5                      # LayerNorm: var + eps under the square root
+GELU_C = math.sqrt(2.0 / math.pi)  # GELU's tanh approximation: c in tanh(c (x + 0.044715 x^3))
+
+FAST = {}                          # op name -> its twin in kernels.py; empty: the NumPy path
+
+
+def twin(numpy_op):
+    """Mark a NumPy op as having a twin in kernels.py: calls go to FAST[name] when the fast path is
+    on, to numpy_op otherwise."""
+    name = numpy_op.__name__
+
+    @functools.wraps(numpy_op)
+    def op(*args, **kwargs):
+        return FAST.get(name, numpy_op)(*args, **kwargs)
+    op.numpy = numpy_op
+    return op
+
+
+def bits(nats):
+    """Convert nats to bits."""
+    return nats / math.log(2.0)
+
+
+# ----------------------------------------------------------------------------
+# embedding: x = wte[tokens] + wpe (a token table and a positional table)
+
+def embedding_forward(wte, wpe, tokens):
+    """tokens (B, T) int, wte (V, C), wpe (T', C), T' >= T -> x (B, T, C) = wte[tokens] + wpe[:T], cache tokens."""
+    T = tokens.shape[1]
+    return wte[tokens] + wpe[None, :T], tokens
+
+
+@twin
+def embedding_backward(dx, tokens, V):
+    """dx (B, T, C) -> dwte (V, C), dwpe (T, C). Forward was x = wte[tokens] + wpe, so every row of dx
+    adds into the row of wte its token picked (rows that share a token add up), and dwpe sums over B."""
+    tokens = np.asarray(tokens)
+    if tokens.size and (tokens.min() < 0 or tokens.max() >= V):
+        raise ValueError(f"token ids must lie in 0..{V - 1}, got {tokens.min()}..{tokens.max()}")
+    dwte = np.zeros((V, dx.shape[-1]), dtype=dx.dtype)
+    np.add.at(dwte, tokens.reshape(-1), dx.reshape(-1, dx.shape[-1]))
+    return dwte, dx.sum(axis=0)
+
+
+# ----------------------------------------------------------------------------
+# linear: out = x @ w + b
+
+@twin
+def linear_forward(x, w, b):
+    """x (..., Cin), w (Cin, Cout), b (Cout,) -> out = x @ w + b (..., Cout), cache x."""
+    return x @ w + b, x
+
+
+@twin
+def linear_backward(dout, x, w):
+    """Forward was out = x @ w + b, so dx = dout @ w^T, dw = x^T dout (summed over every row), db = sum dout."""
+    Cin, Cout = w.shape
+    x2, d2 = x.reshape(-1, Cin), dout.reshape(-1, Cout)           # (N, Cin), (N, Cout)
+    return dout @ w.T, x2.T @ d2, d2.sum(axis=0)
+
+
+# ----------------------------------------------------------------------------
+# LayerNorm over the last axis:  y = g * (x - mean) * rstd + b,  rstd = 1 / sqrt(var + eps)
+
+@twin
+def layernorm_forward(x, g, b):
+    """x (..., C) -> y (..., C), cache (x2 (N, C), mean (N,), rstd (N,), g, shape)."""
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])
+    mean = x2.mean(axis=-1)                                        # (N,)
+    var = ((x2 - mean[:, None]) ** 2).mean(axis=-1)                # (N,)
+    rstd = 1.0 / np.sqrt(var + LN_EPS)                             # (N,)
+    xhat = (x2 - mean[:, None]) * rstd[:, None]                    # (N, C)
+    y = (xhat * g + b).astype(x.dtype)
+    return y.reshape(shape), (x2, mean.astype(x.dtype), rstd.astype(x.dtype), g, shape)
+
+
+@twin
+def layernorm_backward(dy, cache):
+    """-> dx (..., C), dg (C,), db (C,). With xhat the normalised input and dxhat = dy * g:
+    dx = rstd * (dxhat - mean_c(dxhat) - xhat * mean_c(dxhat * xhat)),  dg = sum_n dy xhat,  db = sum_n dy."""
+    x2, mean, rstd, g, shape = cache
+    dy2 = dy.reshape(x2.shape)                                     # (N, C)
+    xhat = (x2 - mean[:, None]) * rstd[:, None]
+    dxhat = dy2 * g
+    dx = rstd[:, None] * (dxhat - dxhat.mean(-1, keepdims=True) - xhat * (dxhat * xhat).mean(-1, keepdims=True))
+    return dx.astype(x2.dtype).reshape(shape), (dy2 * xhat).sum(axis=0).astype(x2.dtype), dy2.sum(axis=0)
+
+
+# ----------------------------------------------------------------------------
+# GELU, tanh approximation:  y = 0.5 x (1 + tanh z),  z = c (x + 0.044715 x^3)
+
+@twin
+def gelu_forward(x):
+    """x (..., M) -> y (..., M), cache x."""
+    return 0.5 * x * (1.0 + np.tanh(GELU_C * (x + 0.044715 * x ** 3))), x
+
+
+@twin
+def gelu_backward(dy, x):
+    """dy/dx = 0.5 (1 + tanh z) + 0.5 x (1 - tanh^2 z) dz/dx,  dz/dx = c (1 + 3 * 0.044715 x^2)."""
+    t = np.tanh(GELU_C * (x + 0.044715 * x ** 3))
+    dz = GELU_C * (1.0 + 3 * 0.044715 * x ** 2)
+    return dy * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * dz)
+
+
+# ----------------------------------------------------------------------------
+# softmax over the last axis, stable: subtract the row maximum first (it cancels)
+
+@twin
+def softmax(s):
+    """s (..., K) -> probabilities (..., K)."""
+    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+# ----------------------------------------------------------------------------
+# softmax + cross-entropy at the supervised positions, loss in nats
+#   loss = sum_n w_n * (-sum_k p_nk log softmax(z_n)_k) / sum_n w_n
+#   dz_n = w_n * (softmax(z_n) * sum_k p_nk - p_n) / sum_n w_n
+# p_n is a distribution (soft targets) or one-hot (a class index); w_n is 1 at a supervised position.
+
+@twin
+def cross_entropy(logits, targets, mask):
+    """logits (B, T, K); targets (B, T) class indices or (B, T, K) probabilities; mask (B, T)
+    -> mean loss over the masked positions (nats), dlogits (B, T, K)."""
+    K = logits.shape[-1]
+    if targets.ndim == logits.ndim - 1:
+        if targets.size and (targets.min() < 0 or targets.max() >= K):
+            raise ValueError(f"class targets must lie in 0..{K - 1}, got {targets.min()}..{targets.max()}")
+        targets = np.eye(K, dtype=logits.dtype)[targets]          # one-hot (B, T, K)
+    w = mask.astype(np.float64)[..., None]                         # (B, T, 1)
+    wsum = max(float(w.sum()), 1e-12)
+    z = logits - logits.max(axis=-1, keepdims=True)
+    logp = z - np.log(np.exp(z).sum(axis=-1, keepdims=True))       # log softmax
+    loss = -(w * targets * logp).sum() / wsum
+    dlogits = w * (np.exp(logp) * targets.sum(-1, keepdims=True) - targets) / wsum
+    return float(loss), dlogits.astype(logits.dtype)

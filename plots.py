@@ -1,0 +1,576 @@
+"""plots: every figure of the project, drawn from the numbers the probes and runs computed.
+
+Each function takes what it draws (metrics, probe results, loss curves) and a path, writes one
+PNG there and returns the path. Nothing here computes a reported number.
+"""
+
+import math
+
+import numpy as np
+
+LN2 = math.log(2.0)
+
+
+def _plt():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def _save(fig, path, dpi=120):
+    fig.savefig(path, dpi=dpi)
+    _plt().close(fig)
+    return path
+
+
+# ----------------------------------------------------------------------------
+# training runs: calibration, single sequences, length generalisation (train.py)
+
+def plot_calibration(results, task, path):
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    first = next(iter(results.values()))
+    pos = [r["position"] for r in first["per_position"]]
+    ax.plot(pos, [r["H_bayes"] for r in first["per_position"]], "k-", lw=3, alpha=0.35, label="exact Bayes")
+    for name, m in results.items():
+        ax.plot(pos, [r["H_model"] for r in m["per_position"]], "o-", ms=3,
+                label=f"{name} (MAE {m['entropy_mae_bits']:.3g} bits)")
+    ax.set_xlabel("observation t" if task == "hmm" else "key index i (pairs seen = i - 1)")
+    ax.set_ylabel("predictive entropy (bits)")
+    ax.set_title(f"{task}: model entropy against the exact posterior")
+    ax.legend(frameon=False)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_traces(traces, task, path):
+    plt = _plt()
+    fig, axes = plt.subplots(2, 2, figsize=(8, 5), sharex=True, sharey=True)
+    for s, ax in enumerate(axes.ravel()):
+        x = np.arange(1, traces["h_bayes"].shape[1] + 1)
+        ax.plot(x, traces["h_bayes"][s], "k-", lw=3, alpha=0.35, label="this sequence's posterior")
+        ax.plot(x, traces["h_model"][s], "o-", ms=3, label="model")
+        ax.set_title(f"held-out sequence {s}", fontsize=9)
+    axes[0, 0].legend(frameon=False, fontsize=8)
+    for ax in axes[1]:
+        ax.set_xlabel("observation t" if task == "hmm" else "key index i (pairs seen = i - 1)")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("entropy (bits)")
+    fig.suptitle(f"{task}: single sequences")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def length_curves(metrics):
+    """HMM metrics -> {K: dict(per_position, kl_bits)}, what plot_length_generalization draws."""
+    return {int(K): dict(per_position=v, kl_bits=metrics["length_generalization"][K])
+            for K, v in metrics["length_generalization_curves"].items()}
+
+
+def plot_length_generalization(curves, path):
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for K, m in curves.items():
+        ax.semilogy([r["position"] for r in m["per_position"]], [max(r["kl"], 1e-7) for r in m["per_position"]],
+                    "o-", ms=3, label=f"K = {K} (mean {m['kl_bits']:.2g} bits)")
+    ax.axvline(min(curves), color="gray", ls=":", label="training length")
+    ax.set_xlabel("observation t")
+    ax.set_ylabel("KL(posterior || model) (bits)")
+    ax.set_title("HMM: length generalisation")
+    ax.legend(frameon=False)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+# ----------------------------------------------------------------------------
+# the geometry probes (manifold.py)
+
+GROUP_LABELS = {"keys": "key", "values": "value", "tokens": "key or value", "observations": "observation",
+                "probabilities": "probability"}
+RECIPE_LABELS = {"ln": "LN1 W_K", "ln_centred": "LN1 W_K,\ncentred", "raw": "wte W_K\n(authors')",
+                 "value_ln": "LN1 W_V\n(values)"}
+
+
+def plot_key_frame(stats, matrices, cfg, title, path):
+    plt = _plt()
+    RECIPES = list(stats)
+    groups, NH = list(stats["ln"]), cfg.n_heads
+    fig = plt.figure(figsize=(2.3 * NH + 6.0, 4.4 * len(groups) + 1.0), layout="constrained")
+    grid = fig.add_gridspec(2 * len(groups), NH + 2)
+    heat = []
+    for g, name in enumerate(groups):
+        for r, recipe in enumerate(("ln", "ln_centred")):
+            for h in range(NH):
+                ax = fig.add_subplot(grid[2 * g + r, h])
+                im = ax.imshow(matrices[(recipe, name)][h], cmap="RdBu_r", vmin=-1, vmax=1)
+                ax.set_title(f"{GROUP_LABELS[name]} tokens, head {h}{', centred' if r else ''}\n"
+                             f"mean|cos| {stats[recipe][name]['mean_abs_offdiag_per_head'][h]:.3f}", fontsize=7)
+                ax.set_xlabel(f"{GROUP_LABELS[name]} token", fontsize=6)
+                if h == 0:
+                    ax.set_ylabel(f"{GROUP_LABELS[name]} token", fontsize=6)
+                ax.tick_params(labelsize=5)
+                heat.append(ax)
+        ax = fig.add_subplot(grid[2 * g:2 * g + 2, NH:])
+        for b, (key, label, color) in enumerate((("mean_abs_offdiag", "trained", "C0"),
+                                                 ("random_init_mean_abs_offdiag", "random init (5 seeds)", "C1"),
+                                                 ("gaussian_mean_abs_offdiag", "random Gaussian vectors", "C7"))):
+            ax.bar(np.arange(len(RECIPES)) + 0.27 * (b - 1), [stats[r][name][key] for r in RECIPES],
+                   width=0.27, color=color, label=label)
+        ax.axhline(stats["ln"][name]["welch_rms_lower_bound"], color="k", ls=":", lw=1,
+                   label="Welch bound on RMS cosine")
+        ax.set_xticks(np.arange(len(RECIPES)))
+        ax.set_xticklabels([RECIPE_LABELS[r] for r in RECIPES], fontsize=7)
+        ax.set_ylabel("mean |off-diagonal cosine|")
+        ax.set_ylim(0, 1.05)
+        s = stats["ln"][name]
+        ax.set_title(f"{GROUP_LABELS[name]} tokens: {s['n_tokens']} vectors in R^{s['head_size']} per head, mean over heads",
+                     fontsize=8)
+        ax.legend(fontsize=7, frameon=False, loc="upper right")
+    fig.colorbar(im, ax=heat, shrink=0.5, label="cosine similarity")
+    fig.suptitle(f"{title}: layer-0 vectors per token type\nkeys = LN1(wte[tok] + p) W_K + b_K, p = mean position "
+                 f"of the type; raw = wte[tok] W_K; values = LN1(wte[tok] + p) W_V + b_V", fontsize=10)
+    return _save(fig, path)
+
+
+def plot_attention_maps(cache, tokens, names, cfg, title, path):
+    from matplotlib.colors import PowerNorm
+    plt = _plt()
+    NH, L = cfg.n_heads, cfg.n_layers
+    layers = list(range(L)) if L <= 4 else [0, L // 2, L - 1]      # always the first and the last layer
+    T = len(tokens)
+    fig, axes = plt.subplots(len(layers), NH, figsize=(3.6 * NH + 1.2, 3.7 * len(layers) + 0.6),
+                             squeeze=False, layout="constrained")
+    ticks = np.arange(0, T, max(1, -(-T // 40)))                   # every position up to T = 40
+    fs = 5 if len(ticks) > 24 else 6
+    for r, l in enumerate(layers):
+        for h in range(NH):
+            ax = axes[r, h]
+            im = ax.imshow(cache["layers"][l]["alpha"][0, h], cmap="magma", norm=PowerNorm(0.5, vmin=0, vmax=1))
+            ax.set_title(f"layer {l}, head {h}", fontsize=9)
+            ax.set_xticks(ticks)
+            ax.set_xticklabels([names[t] for t in ticks], rotation=90, fontsize=fs)
+            ax.set_yticks(ticks)
+            ax.set_yticklabels([names[t] for t in ticks], fontsize=fs)
+            ax.set_xlabel("attended position j", fontsize=7)
+            if h == 0:
+                ax.set_ylabel("query position i", fontsize=7)
+    fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.6, label="attention weight alpha_ij (square-root scale)")
+    fig.suptitle(f"{title}: attention of one held-out sequence, layers {', '.join(map(str, layers))}")
+    return _save(fig, path)
+
+
+def plot_attention_entropy(att, task, cfg, title, path):
+    plt = _plt()
+    L = len(att["layers"])
+    x = np.arange(L)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    H = np.array([l["entropy_bits"] for l in att["layers"]])        # (L, NH)
+    M = np.array([l["consistent_mass"] for l in att["layers"]])     # (L, NH)
+    for h in range(H.shape[1]):
+        axes[0].plot(x, H[:, h], "o-", ms=4, lw=1, alpha=0.7, label=f"head {h}")
+        axes[1].plot(x, M[:, h], "o-", ms=4, lw=1, alpha=0.7, label=f"head {h}")
+    axes[0].plot(x, H.mean(1), "k-", lw=2.5, label="mean over heads")
+    axes[0].axhline(att["uniform_entropy_bits"], color="gray", ls="--", label="uniform causal attention")
+    axes[1].axhline(att["uniform_consistent_mass"], color="gray", ls="--", label="uniform causal attention")
+    axes[0].set_ylabel("attention entropy at supervised rows (bits)")
+    evidence = ("earlier values (eliminated) / the answer if the key repeats" if task != "hmm"
+                else "emission column E[:, o_t] of the current observation")
+    axes[1].set_ylabel("attention mass on evidence positions")
+    axes[1].set_title(f"evidence: {evidence}", fontsize=8)
+    axes[0].set_title("attention entropy by layer", fontsize=9)
+    axes[0].set_ylim(0, 1.08 * att["uniform_entropy_bits"])
+    axes[1].set_ylim(0, 1.02)
+    for ax in axes:
+        ax.set_xlabel("layer")
+        ax.set_xticks(x)
+        ax.legend(fontsize=7, frameon=False, loc="lower left")
+    fig.suptitle(f"{title}: query-key sharpening (held-out sequences, rows at supervised positions)")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_manifold(man, xy, title, path, max_points=4000):
+    plt = _plt()
+    attn_xy, resid_xy, h = xy
+    idx = np.random.default_rng(0).permutation(len(h))[:max_points]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.6))
+    for ax, pts, key, name in ((axes[0], attn_xy, "attn_out_last", "last layer attention output"),
+                               (axes[1], resid_xy, "residual_final", "final residual stream")):
+        s = man[key]
+        sc = ax.scatter(pts[idx, 0], pts[idx, 1], c=h[idx], s=5, cmap="viridis", alpha=0.7)
+        fmt = lambda r: "n/a" if r is None else f"{r:+.3f}"
+        ax.set_title(f"{name}\nPC1 {100 * s['pc1_variance']:.1f}%, PC1+2 {100 * s['pc12_variance']:.1f}% of variance; "
+                     f"Spearman(PC1, H) = {fmt(s['spearman_pc1_entropy'])}\ncontrols: Spearman(PC1, position) = "
+                     f"{fmt(s['spearman_pc1_position'])}, within-position = {fmt(s['mean_within_position_spearman'])}",
+                     fontsize=8)
+        ax.set_xlabel("PC1")
+        ax.set_ylabel("PC2")
+        fig.colorbar(sc, ax=ax, label="posterior entropy H_Bayes (bits)")
+    fig.suptitle(f"{title}: the entropy-ordered manifold at supervised positions")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_logit_lens(lens, title, path):
+    plt = _plt()
+    n = len(lens["kl_bits"])
+    labels = ["embedding"] + [f"after block {l}" for l in range(n - 1)]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    axes[0].semilogy(np.arange(n), np.maximum(lens["kl_bits"], 1e-6), "o-")
+    axes[0].set_xticks(np.arange(n))
+    axes[0].set_xticklabels(labels, fontsize=8)
+    axes[0].set_ylabel("mean KL(posterior || lens) (bits)")
+    axes[0].set_xlabel("residual stream read by the lens")
+    axes[0].set_title("KL of the lens prediction by layer", fontsize=9)
+    pos = np.arange(1, len(lens["bayes_entropy_by_position_bits"]) + 1)
+    axes[1].plot(pos, lens["bayes_entropy_by_position_bits"], "k-", lw=3, alpha=0.35, label="exact Bayes")
+    for l, hs in enumerate(lens["entropy_by_position_bits"]):
+        axes[1].plot(pos, hs, "o-", ms=2.5, lw=1, label=labels[l])
+    axes[1].set_xlabel("supervised position (1 = first)")
+    axes[1].set_ylabel("predictive entropy, mean over sequences (bits)")
+    axes[1].set_title("lens entropy by position", fontsize=9)
+    axes[1].legend(fontsize=7, frameon=False)
+    fig.suptitle(f"{title}: logit lens (final LayerNorm + unembedding on each residual stream)")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_ablations(abl, title, path):
+    plt = _plt()
+    rows = ([("none", abl["baseline"])] + [(f"L{r['layer']}H{r['head']}", r) for r in abl["heads"]]
+            + [(f"L{r['layer']} all", r) for r in abl["layers"]])
+    names = [n for n, _ in rows]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    worst = abl["hypothesis_frame_head"]["name"]
+    colors = ["k"] + ["C3" if n == worst else "C0" for n in names[1:-len(abl["layers"])]] + ["C1"] * len(abl["layers"])
+    for ax, key, label in ((axes[0], "kl_bits", "mean KL(posterior || model) (bits)"),
+                           (axes[1], "entropy_mae_bits", "entropy MAE, paper metric (bits)")):
+        ax.bar(np.arange(len(rows)), [max(r[key], 1e-6) for _, r in rows], color=colors)
+        ax.axhline(max(abl["baseline"][key], 1e-6), color="k", ls="--", lw=0.8)
+        ax.set_yscale("log")
+        ax.set_xticks(np.arange(len(rows)))
+        ax.set_xticklabels(names, rotation=90, fontsize=7)
+        ax.set_ylabel(label)
+        ax.set_xlabel("ablated (none / one head / all heads of a layer)")
+    axes[0].set_title(f"red: the hypothesis-frame head {worst} (largest KL increase)", fontsize=9)
+    axes[1].set_title("orange: a whole layer's attention removed", fontsize=9)
+    fig.suptitle(f"{title}: zero-ablation of attention heads")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_frame_precision(fp, title, path):
+    plt = _plt()
+    steps = np.asarray(fp["steps"])
+    mid = np.sqrt(steps[1:] * steps[:-1])                           # geometric midpoints of the intervals
+    tv = np.asarray(fp["attention_tv_per_layer"])                    # (S-1, L)
+    gaps = np.diff(steps)
+    fig, axes = plt.subplots(2, 3, figsize=(19, 8.5))
+    (a, b, e), (c, d, f) = axes
+    for l in range(tv.shape[1]):
+        a.loglog(mid, np.maximum(tv[:, l] / gaps, 1e-12), "o-", ms=3, label=f"layer {l}")
+    a.loglog(mid, np.maximum(fp["attention_tv_rate"], 1e-12), "k-", lw=2, label="mean over layers")
+    a.set_ylabel("attention change per step (TV distance / step)")
+    a.set_title("frame: how fast the attention rows move between snapshots", fontsize=9)
+    b.loglog(steps, fp["entropy_mae_bits"], "o-", color="C3", ms=3, label="entropy MAE (bits)")
+    b.loglog(steps, fp["kl_bits"], "s-", color="C4", ms=3, label="KL (bits)")
+    b.set_ylabel("calibration error (bits)")
+    b.set_title("precision: calibration against the exact posterior", fontsize=9)
+    twin = b.twinx()
+    twin.semilogx(steps, [np.nan if r is None else r for r in fp["abs_spearman_pc1_entropy"]], "^-",
+                  color="C2", ms=3, label="|Spearman(PC1, H)|, final residual")
+    twin.set_ylabel("|Spearman(PC1 of final residual, H_Bayes)|")
+    twin.set_ylim(0, 1.05)
+    mass = np.asarray(fp["consistent_mass"])                        # (S, L)
+    for l in range(mass.shape[1]):
+        c.semilogx(steps, mass[:, l], "o-", ms=3, label=f"layer {l}")
+    c.set_ylabel("attention mass on evidence positions (mean over heads)")
+    c.set_title("frame, functionally: routing onto the evidence", fontsize=9)
+    d.semilogx(steps, fp["frame_progress"], "o-", color="k", ms=3,
+               label="frame: 1 - TV(attention, last) / TV(first, last)")
+    d.semilogx(steps, fp["precision_progress"], "o-", color="C3", ms=3,
+               label="precision: fraction of the log10 entropy-MAE drop")
+    d.axhline(0.9, color="gray", lw=0.8)
+    d.set_ylabel("progress from first to last snapshot")
+    d.set_title("progress (0 = first snapshot, 1 = last)", fontsize=9)
+    au = fp["authors"]                                              # the authors' reading: frame overlap vs calibration
+    gain = "n/a" if au["calibration_gain_after_plateau"] is None else f"{au['calibration_gain_after_plateau']:.3g}"
+    e.semilogx(steps, au["ratio_to_chance"], "o-", color="k", ms=3, label="frame overlap with the last, x chance")
+    e.axhline(au["ratio_ceiling"], color="gray", ls=":", lw=1, label=f"ceiling {au['ratio_ceiling']:.2f}x (= C / rank)")
+    e.axhline(1.0, color="gray", lw=0.8)
+    if au["frame_plateau_step"] is not None:
+        e.axvline(au["frame_plateau_step"], color="C2", ls="--", lw=1,
+                  label=f"plateau ({au['frame_plateau_step']}), then calibration x{gain}")
+    e.set_ylabel("projection overlap / a random subspace's")
+    e.set_title("the authors' frame: span of LN1(wte[h]), h the hypotheses", fontsize=9)
+    twin_e = e.twinx()
+    twin_e.loglog(steps, fp["entropy_mae_bits"], "s-", color="C3", ms=3, label="entropy MAE (bits)")
+    twin_e.set_ylabel("calibration: entropy MAE (bits)")
+    h1, l1 = e.get_legend_handles_labels()
+    h2, l2 = twin_e.get_legend_handles_labels()
+    e.legend(h1 + h2, l1 + l2, fontsize=7, frameon=False, loc="center left")
+    f.axis("off")
+    f.text(0, 0.9, "the authors (their checkpoints, Jacobian-lens subspaces):\n" + fp["authors_number"]
+           + f"\n\nthis run: {au['ratio_nearest_300']:.2f}x chance at step {au['step_nearest_300']},\nplateau at step "
+           f"{au['frame_plateau_step']}, calibration x{gain} after it", va="top",
+           fontsize=9, wrap=True)
+    for ax in (a, b, c, d, e):
+        ax.set_xlabel("training step")
+        for key, ls, name in (("frame_settle_step", "--", "frame settles"),
+                              ("precision_settle_step", ":", "precision settles")):
+            if fp[key] is not None:
+                ax.axvline(fp[key], color="k", ls=ls, lw=1, label=f"{name} ({fp[key]})")
+    for ax in (a, c, d):
+        ax.legend(fontsize=7, frameon=False, loc="upper left")
+    h1, l1 = b.get_legend_handles_labels()
+    h2, l2 = twin.get_legend_handles_labels()
+    b.legend(h1 + h2, l1 + l2, fontsize=7, frameon=False, loc="lower left")
+    fig.suptitle(f"{title}: frame-precision dissociation\n(a series settles at the first snapshot after which its "
+                 f"change per step stays < {fp['settle_fraction']:g} x its maximum)")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+# ----------------------------------------------------------------------------
+# Paper II on the sticky chain (dynamics.py)
+
+ARMS = {"sgd": ("SGD (lr 0.01)", "tab:red"), "em": ("EM-like (W_V lr 0.1)", "tab:blue"),
+        "mstep": ("true M-step + routing SGD", "tab:green")}
+LONG = ("SGD lr 0.3, long horizon", "tab:orange")
+
+
+def _band(ax, xs, ys, label, color):
+    """Mean line and a +-1 std band over the first axis of ys (seeds, steps)."""
+    m, s = ys.mean(0), ys.std(0)
+    ax.plot(xs, m, color=color, label=label, lw=1.8)
+    ax.fill_between(xs, m - s, m + s, color=color, alpha=0.2)
+
+
+def plot_em_vs_sgd(out, path):
+    """Loss against steps and seconds, steps to threshold, held-out loss against exact Bayes, a table."""
+    plt = _plt()
+    fig, axes = plt.subplots(2, 3, figsize=(19, 10.5))
+    cfg = out["config"]
+    bound = cfg["conditional_entropy_bound_bits"]
+    settings = {"long_chain": f"one chain of T = {cfg['T']}",
+                "short_sequences": f"{cfg['short_batch'][0]} chains of T = {cfg['short_batch'][1]}"}
+    for ax, (setting, title) in zip((axes[0, 0], axes[1, 0]), settings.items()):
+        summ = out[setting]
+        for m, (label, color) in ARMS.items():
+            loss = np.array([r["loss"] for r in out["curves"][setting][m]]) / LN2
+            s = summ[m]
+            _band(ax, np.arange(loss.shape[1]), loss, f"{label}: {s['steps_to_threshold_mean']:.0f} ± "
+                  f"{s['steps_to_threshold_std']:.0f} steps to threshold ({s['reached']}/{len(loss)} reached)", color)
+        ax.axhline(summ["threshold_bits"], color="k", ls="--", lw=1,
+                   label=f"threshold = SGD's mean final loss, {summ['threshold_bits']:.4f}")
+        ax.axhline(np.mean(summ["train_bayes_loss_bits"]), color="tab:purple", ls=":", lw=1.5,
+                   label=f"exact Bayes predictor on these chains, {np.mean(summ['train_bayes_loss_bits']):.4f}")
+        ax.axhline(bound, color="tab:gray", ls="-.", lw=1, label=f"H(Y_t+1 | Y_t) = {bound:.4f}")
+        ax.set(xlabel="training step (full batch)", ylabel="training cross-entropy (bits / token)",
+               title=f"One head, {title}: mean ± std, {len(summ['per_seed'])} seeds")
+        ax.legend(fontsize=7.5, loc="lower left")
+        ax.grid(alpha=0.3)
+    ax = axes[0, 1]
+    for m, (label, color) in ARMS.items():
+        for k, r in enumerate(out["curves"]["long_chain"][m]):
+            ax.plot(r["seconds"], np.asarray(r["loss"]) / LN2, color=color, lw=1, alpha=0.7,
+                    label=f"{label}, {out['long_chain'][m]['seconds_per_step_median'] * 1e3:.0f} ms / step" if k == 0 else None)
+    ax.axhline(out["long_chain"]["threshold_bits"], color="k", ls="--", lw=1, label="threshold")
+    ax.set(xlabel="compute seconds (logging excluded; a shared 2-core CPU)", ylabel="training cross-entropy (bits / token)",
+           title="Long chain against compute time (one line per seed)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    ax = axes[1, 1]
+    width = 0.13
+    seeds = [row["seed"] for row in out["long_chain"]["per_seed"]]
+    xs = np.arange(len(seeds))
+    k = 0
+    for setting, hatch in (("long_chain", None), ("short_sequences", "//")):
+        for m in ("em", "mstep", "sgd"):
+            label, color = ARMS[m]
+            rows = out[setting]["per_seed"]
+            vals = [row[m]["steps_to_threshold"] for row in rows]
+            pos = xs + (k - 2.5) * width
+            ax.bar(pos, vals, width, color=color, hatch=hatch, alpha=0.85 if hatch is None else 0.4, edgecolor="k",
+                   lw=0.5, label=f"{label.split(' (')[0]}, {'long chain' if hatch is None else 'short sequences'}")
+            for p, row, v in zip(pos, rows, vals):
+                if not row[m]["reached"] or v < 50:
+                    ax.text(p, v, "x" if not row[m]["reached"] else str(v), ha="center", va="bottom", fontsize=8)
+            k += 1
+    ax.set_xticks(xs, [str(s) for s in seeds])
+    ax.set(xlabel="seed", ylabel="steps until the training loss is below the threshold",
+           title="Steps to threshold per seed (x: not reached, bar = steps run)",
+           ylim=(0, 1.35 * ax.get_ylim()[1]))
+    ax.legend(fontsize=7.5, ncol=2, loc="upper center")
+    ax.grid(alpha=0.3, axis="y")
+    ax = axes[0, 2]
+    top = min(5.0, max(3.6, max(row[m]["heldout_loss_bits"] for s in settings for row in out[s]["per_seed"]
+                                for m in ARMS) + 0.05))          # an overfitting model can be far above: clipped at 5
+    for j, setting in enumerate(settings):
+        ref = out[setting]["heldout_reference"]
+        for i, m in enumerate(ARMS):
+            label, color = ARMS[m]
+            vals = [row[m]["heldout_loss_bits"] for row in out[setting]["per_seed"]]
+            p = 4 * j + i
+            ax.bar(p, np.mean(vals), 0.8, color=color, alpha=0.6, edgecolor="k", lw=0.5,
+                   label=label if j == 0 else None)
+            ax.plot([p] * len(vals), vals, "k.", ms=4)
+            ax.text(p, min(np.mean(vals), top) + 0.01, f"{np.mean(vals):.3f}", ha="center", va="bottom", fontsize=8)
+        ax.hlines(ref["bayes_loss_bits"], 4 * j - 0.5, 4 * j + 2.5, color="tab:purple", lw=2,
+                  label="exact Bayes predictor" if j == 0 else None)
+        ax.hlines(ref["conditional_entropy_bound_bits"], 4 * j - 0.5, 4 * j + 2.5, color="tab:gray", ls="-.",
+                  label="H(Y_t+1 | Y_t)" if j == 0 else None)
+    ax.axhline(3.0, color="k", lw=0.5, ls=":")
+    ax.set_xticks([1, 5], ["long chain", "short sequences"])
+    ax.set_ylim(2.6, top + 0.1)
+    ax.set(ylabel="held-out cross-entropy (bits / token)",
+           title=f"Held-out chains (seed {cfg['eval_seed']}) vs exact Bayes; dots: seeds")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, axis="y")
+    ax = axes[1, 2]
+    ax.axis("off")
+    lines = []
+    for setting in settings:
+        s = out[setting]
+        lines.append(f"{setting.replace('_', ' ')}: threshold {s['threshold_bits']:.4f} bits")
+        for m in ("em", "mstep"):
+            t = s[m]
+            p_steps = t["paired_steps_vs_sgd"]
+            p_loss = t["paired_final_loss_vs_sgd"]
+            lines.append(f"  {m:5s} steps {t['steps_to_threshold_mean']:.0f} ± {t['steps_to_threshold_std']:.0f}"
+                         f"  x{t['speedup_steps']:.2f} in steps, x{t['speedup_seconds']:.2f} in seconds")
+            lines.append(f"        paired t on final loss p = {p_loss['ttest_rel'].get('p', float('nan')):.2g},"
+                         f" on steps p = {p_steps['ttest_rel'].get('p', float('nan')):.2g}"
+                         f" (Wilcoxon {p_steps['wilcoxon'].get('p', float('nan')):.2g})")
+    lines.append("")
+    lines.append("exact Bayes vs H(Y_t+1 | Y_t), held-out, bits:")
+    for sig, r in out["exact_bayes_reference"].items():
+        lines.append(f"  sigma {float(sig):.0f}: Bayes CE {r['bayes_loss_bits']:.4f} (entropy {r['bayes_entropy_bits']:.4f}),"
+                     f" bound {r['conditional_entropy_bound_bits']:.4f}, gap {r['bound_gap_entropy_bits']:.4f}")
+    s3 = out["sigma3_sgd"]
+    lines.append(f"  SGD at sigma 3: {s3['loss_bits']:.4f} (Bayes {s3['bayes_loss_bits']:.4f}, KL {s3['kl_bits']:.4f})")
+    ax.text(0, 1, "\n".join(lines), va="top", family="monospace", fontsize=8.5, transform=ax.transAxes)
+    ax.set_title("Summary (steps not reached count as the steps run)")
+    fig.suptitle("Paper II, sticky Markov chain: SGD against the EM-like schedule and a true M-step", fontsize=13)
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot_two_timescales(out, path):
+    """Routing vs value gradients, advantages, the frame, prototypes (one head); the same for the transformer."""
+    plt = _plt()
+    fig, axes = plt.subplots(3, 3, figsize=(19, 15))
+    curves = out["curves"]["long_chain"]
+    lh = out["long_horizon_sgd"]
+    tsum = out["two_timescales_one_head"]
+    runs = [(m, np.mean([c["routing_norm"] for c in curves[m]], 0), np.mean([c["value_norm"] for c in curves[m]], 0),
+             ARMS[m]) for m in ARMS] + [("long", np.asarray(lh["routing_norm"]), np.asarray(lh["value_norm"]), LONG)]
+    logged = [(tsum[m]["log_steps"], tsum[m], ARMS[m]) for m in ARMS if tsum[m]["log_steps"]]
+    logged.append(([l["step"] for l in lh["logs"]], {k: [l.get(k) for l in lh["logs"]] for k in lh["logs"][-1]}, LONG))
+
+    ax = axes[0, 0]
+    for m, r, v, (label, color) in runs:
+        if m != "mstep":                                         # the M-step arm's value gradient is ~0 by design
+            ax.plot(r, color=color, lw=1.8, label=f"{label}: routing")
+            ax.plot(v, color=color, lw=1.8, ls="--", label=f"{label}: value")
+    ax.set_yscale("log")
+    ax.set(xlabel="training step", ylabel="gradient norm",
+           title="One head: routing |(dW_Q, dW_K)| solid, value |(dW_V, dW_O)| dashed")
+    ax.legend(fontsize=7.5)
+    ax.grid(alpha=0.3, which="both")
+
+    ax = axes[0, 1]
+    for m, r, v, (label, color) in runs:
+        if m != "mstep":
+            ax.plot(r / v, color=color, lw=1.8, label=label)
+    ax.set(xlabel="training step", ylabel="routing / value gradient norm", ylim=(0, None),
+           title="One head: routing / value ratio (lr 0.01 arms: seed mean)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, which="both")
+
+    ax = axes[0, 2]
+    for run, (label, color) in ((curves["sgd"][0], ARMS["sgd"]), (curves["em"][0], ARMS["em"]), (lh, LONG)):
+        st = [l["step"] for l in run["logs"]]
+        qs = np.array([l["adv_quantiles"] for l in run["logs"]])
+        ax.plot(st, qs[:, 4] - qs[:, 0], color=color, ls=":", lw=1.5, label=f"{label}: 5-95% range")
+        ax.plot(st, qs[:, 3] - qs[:, 1], color=color, ls="--", lw=1.5, label=f"{label}: 25-75% range")
+        ax.plot(st, [l["adv_weighted_std"] for l in run["logs"]], color=color, lw=1.8,
+                label=f"{label}: alpha-weighted std")
+    ax.set_yscale("log")
+    ax.set(xlabel="training step", ylabel="spread of the advantage b_ij - b_bar_i (nats)",
+           title=f"Spread of advantages b_ij - b_bar_i (seed {curves['sgd'][0]['seed']})")
+    ax.legend(fontsize=7, ncol=2)
+    ax.grid(alpha=0.3, which="both")
+
+    ax = axes[1, 0]
+    for st, s, (label, color) in logged:
+        ax.plot(st, s["attn_entropy_frac"], color=color, lw=1.8, marker=".", label=label)
+    ax.set(xlabel="training step", ylabel="mean_i H(alpha_i) / log2(i + 1)", ylim=(0, 1.05),
+           title="The frame: attention entropy / uniform's")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+
+    ax = axes[1, 1]
+    for st, s, (label, color) in logged:
+        ax.plot(st[1:], s["frame_drift"][1:], color=color, ls=":", lw=1.8, marker=".", label=f"{label}: frame")
+        ax.plot(st[1:], s["value_drift"][1:], color=color, ls="--", lw=1.5, label=f"{label}: values")
+    ax.set_yscale("log")
+    ax.set(xlabel="training step", ylabel="change since the previous log",
+           title="Drift per log interval: frame (TV of alpha rows) vs values")
+    ax.legend(fontsize=7, ncol=2)
+    ax.grid(alpha=0.3, which="both")
+
+    ax = axes[1, 2]
+    for st, s, (label, color) in logged:
+        ax.plot(st, s["prototype_cos"], color=color, lw=1.8, marker=".", label=f"{label}: mean {np.mean(s['prototype_cos']):.3f}")
+    ax.axhline(0, color="k", lw=0.5)
+    ax.set(xlabel="training step", ylabel="mean_j cos(change of v_j, -sum_i alpha_ij u_i)", ylim=(-1.05, 1.05),
+           title="Values become prototypes? v_j's step vs its M-step signal")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+
+    tr = out["transformer"]
+    routing, value = np.array(tr["routing_norm"]), np.array(tr["value_norm"])
+    n_layers = routing.shape[1]
+    colors = plt.cm.viridis(np.linspace(0, 0.85, n_layers))
+    smooth = lambda a: np.convolve(a, np.ones(10) / 10, mode="valid") if len(a) >= 10 else a
+    name = f"Bijection transformer, {n_layers} layers, width {tr['config']['d_model']}"
+    ax = axes[2, 0]
+    for l in range(n_layers):
+        ax.plot(smooth(routing[:, l]), color=colors[l], lw=1.6, label=f"layer {l}: routing |(wq, wk)|")
+        ax.plot(smooth(value[:, l]), color=colors[l], lw=1.6, ls="--", label=f"layer {l}: value |(wv, wo)|")
+    ax.set_yscale("log")
+    ax.set(xlabel="training step", ylabel="gradient norm (10-step running mean)",
+           title=f"{name}: gradient norms\nprobe loss {tr['probe_loss_bits']:.3f} bits, exact Bayes "
+                 f"{tr['probe_bayes_loss_bits']:.3f}, KL {tr['probe_kl_bits']:.3f}")
+    ax.legend(fontsize=7, ncol=2)
+    ax.grid(alpha=0.3, which="both")
+    ax = axes[2, 1]
+    for l in range(n_layers):
+        ax.plot(smooth(routing[:, l] / value[:, l]), color=colors[l], lw=1.6, label=f"layer {l}")
+    ax.set_yscale("log")
+    ax.set(xlabel="training step", ylabel="routing / value gradient norm (10-step running mean)",
+           title="Transformer: the ratio per layer")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, which="both")
+    ax = axes[2, 2]
+    probes = tr["probes"][1:]
+    st = [p["step"] for p in probes]
+    for l in range(n_layers):
+        ax.plot(st, [p["frame_drift"][l] for p in probes], color=colors[l], ls=":", lw=1.8, marker=".",
+                label=f"layer {l}: frame (TV of attention rows)")
+        ax.plot(st, [p["value_drift"][l] for p in probes], color=colors[l], ls="--", lw=1.5,
+                label=f"layer {l}: values (relative change)")
+    ax.set_yscale("log")
+    ax.set(xlabel="training step (the learning rate decays, cosine, to 0)", ylabel="change between probes",
+           title="Transformer: frame vs value drift (fixed probe batch)")
+    ax.legend(fontsize=7, ncol=2)
+    ax.grid(alpha=0.3, which="both")
+    fig.suptitle("Two timescales: routing (the frame) against values (the precision)", fontsize=14)
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
