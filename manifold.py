@@ -121,9 +121,10 @@ def token_groups(task, cfg, tokens):
 #   "ln_centred"  the same minus its mean over the tokens of the type: adding one vector c to every
 #                 key adds q . c to a whole row of scores, which softmax ignores, so this is the part
 #                 of the keys that can tell the tokens of one type apart
-#   "raw"         wte[tok] @ W_K[:, head], the authors' recipe
+#   "authors"     LN1(wte[tok]) @ W_K[:, head]: the authors' definition (no position, no bias),
+#                 the same keys as authors_keys below
 #   "value_ln"    value vectors LN1(wte[tok] + p) @ W_V[:, head] + b_V[head]: what attention adds up
-RECIPES = ("ln", "ln_centred", "raw", "value_ln")
+RECIPES = ("ln", "ln_centred", "authors", "value_ln")
 
 
 def cosine_matrix(X):
@@ -155,8 +156,8 @@ def layer0_vectors(params, cfg, tokens, p, recipe="ln"):
     """Per-token layer-0 keys (or values) of every head: tokens (n,), p (C,) -> (NH, n, hs)."""
     pre, NH = "blocks.0.", cfg.n_heads
     x = params["wte"][tokens].astype(np.float64)                    # (n, C)
-    if recipe == "raw":
-        k = x @ params[pre + "attn.wk"].astype(np.float64)           # (n, C) raw embedding keys
+    if recipe == "authors":
+        k = token_frame(params, tokens) @ params[pre + "attn.wk"].astype(np.float64)   # (n, C), no p, no b_K
     else:
         h, _ = ba.layernorm_forward(x + p, params[pre + "ln1.g"].astype(np.float64),
                                     params[pre + "ln1.b"].astype(np.float64))  # (n, C)
@@ -517,7 +518,7 @@ DEFINITIONS = {
     "key_frame": "layer 0, per head: key_tok = LN1(wte[tok] + p) @ W_K[:, head] + b_K[head], p = the mean "
                  "positional term over the positions where tokens of that type occur ('ln'); 'ln_centred': the "
                  "same minus its mean over the type's tokens (softmax ignores a shift shared by all keys); "
-                 "'raw': the authors' wte[tok] @ W_K[:, head]; 'value_ln': the value vectors "
+                 "'authors': the authors' LN1(wte[tok]) @ W_K[:, head] (no position, no bias); 'value_ln': the value vectors "
                  "LN1(wte[tok] + p) @ W_V[:, head] + b_V[head]. Statistic: mean |cosine| over off-diagonal "
                  "token pairs, mean over heads. Baselines: the same recipe on init_params of the same config "
                  f"(seeds {RANDOM_INIT_SEEDS}), and iid N(0, I_hs) vectors ({GAUSSIAN_DRAWS} draws). HMM "

@@ -88,7 +88,7 @@ def plot_length_generalization(curves, path):
 
 GROUP_LABELS = {"keys": "key", "values": "value", "tokens": "key or value", "observations": "observation",
                 "probabilities": "probability"}
-RECIPE_LABELS = {"ln": "LN1 W_K", "ln_centred": "LN1 W_K,\ncentred", "raw": "wte W_K\n(authors')",
+RECIPE_LABELS = {"ln": "LN1 W_K", "ln_centred": "LN1 W_K,\ncentred", "authors": "LN1(wte) W_K\n(authors')",
                  "value_ln": "LN1 W_V\n(values)"}
 
 
@@ -129,7 +129,7 @@ def plot_key_frame(stats, matrices, cfg, title, path):
         ax.legend(fontsize=7, frameon=False, loc="upper right")
     fig.colorbar(im, ax=heat, shrink=0.5, label="cosine similarity")
     fig.suptitle(f"{title}: layer-0 vectors per token type\nkeys = LN1(wte[tok] + p) W_K + b_K, p = mean position "
-                 f"of the type; raw = wte[tok] W_K; values = LN1(wte[tok] + p) W_V + b_V", fontsize=10)
+                 f"of the type; authors' = LN1(wte[tok]) W_K; values = LN1(wte[tok] + p) W_V + b_V", fontsize=10)
     return _save(fig, path)
 
 

@@ -31,16 +31,25 @@ def test_orthonormal_keys_have_zero_offdiagonal_cosine():
     cfg = tiny_config(V=4, d_model=8, n_heads=2)                    # head size 4 = V: room for 4 orthogonal keys
     params = ba.init_params(cfg)
     hs = cfg.d_model // cfg.n_heads
-    params["wte"] = np.eye(2 * cfg.n_classes, cfg.d_model)          # token t -> e_t (tokens >= C map to 0)
+    params["blocks.0.ln1.g"], params["blocks.0.ln1.b"] = np.ones(cfg.d_model), np.zeros(cfg.d_model)
+    params["wte"] = np.zeros((2 * cfg.n_classes, cfg.d_model))
     wk = np.zeros((cfg.d_model, cfg.d_model))
-    for h in range(cfg.n_heads):
-        wk[:hs, h * hs:(h + 1) * hs] = np.eye(hs)                    # every head reads e_0..e_3 as its own basis
+    for t in range(cfg.n_classes):                                   # token t -> 2 (e_2t - e_2t+1): mean 0,
+        params["wte"][t, 2 * t], params["wte"][t, 2 * t + 1] = 2.0, -2.0   # variance 1, so LN1 leaves it be
+        for h in range(cfg.n_heads):
+            wk[2 * t, h * hs + t] = 1.0                              # every head reads coordinate 2t as key slot t
     params["blocks.0.attn.wk"] = wk
     groups = {"keys": (np.arange(cfg.n_classes), np.arange(0, 6, 2))}
-    cos = mf.key_frame(params, cfg, groups, recipe="raw")["keys"]   # (NH, V, V)
-    np.testing.assert_allclose(cos, np.broadcast_to(np.eye(4), cos.shape), atol=1e-12)
-    assert all(mf.mean_abs_offdiag(c) == pytest.approx(0.0, abs=1e-12) for c in cos)
+    cos = mf.key_frame(params, cfg, groups, recipe="authors")["keys"]   # (NH, V, V)
+    np.testing.assert_allclose(cos, np.broadcast_to(np.eye(4), cos.shape), atol=1e-9)
+    assert all(mf.mean_abs_offdiag(c) == pytest.approx(0.0, abs=1e-9) for c in cos)
     assert mf.gaussian_baseline(4, hs) > 0.2                         # random vectors are far from orthogonal
+    params["blocks.0.attn.wk"][2, :] = 1.0                           # token 1's key is now 2 (1, 1, 1, 1) per head:
+    want = 6 * 0.5 / 12                                              # cos 1/2 with each of the 3 others, 0 elsewhere
+    got = mf.authors_key_frame(params, cfg, "sawtooth")              # the same keys by the authors' probe
+    assert got["per_head"] == pytest.approx([want, want], rel=1e-6)
+    cos = mf.key_frame(params, cfg, groups, recipe="authors")["keys"]
+    assert [mf.mean_abs_offdiag(c) for c in cos] == pytest.approx([want, want], rel=1e-6)
 
 
 def test_welch_bound_is_met_by_the_regular_simplex():
