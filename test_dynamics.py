@@ -209,7 +209,7 @@ def test_dynamics_cli_bad_input_gives_one_line(args, expected, tmp_path):
     import sys
     here = os.path.dirname(os.path.abspath(__file__))
     proc = subprocess.run([sys.executable, os.path.join(here, "dynamics.py"), *args], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=600)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and expected in lines[0], proc.stderr
     assert os.listdir(tmp_path) == []                               # nothing written

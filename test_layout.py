@@ -80,7 +80,7 @@ def test_train_py_on_the_numpy_path_gives_the_numbers_of_the_fast_path(tmp_path)
         proc = subprocess.run([sys.executable, os.path.join(HERE, "train.py"), "--preset", "quick", "--quiet",
                                "--no-baseline", "--no-geometry", "--steps", "6", "--eval-seqs", "50", "--threads", "1",
                                "--kernels", path, "--out", str(out)], cwd=tmp_path, capture_output=True, text=True,
-                              timeout=300)
+                              timeout=900)
         assert proc.returncode == 0, proc.stderr
         metrics[path] = json.loads((out / "metrics.json").read_text())
         assert (out / f"{path}_traces.png").exists()            # a run's figures stay in its directory

@@ -230,7 +230,7 @@ def test_bad_arguments_give_one_clear_line(tmp_path):
                            (["broken.npz", "--n-seqs", "1"], "--n-seqs 1: must be at least 2"),
                            ([], "the following arguments are required: checkpoint")):
         proc = subprocess.run([sys.executable, os.path.join(here, "manifold.py"), *args], cwd=tmp_path,
-                              capture_output=True, text=True, timeout=120)
+                              capture_output=True, text=True, timeout=600)
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode == 2 and len(lines) == 1 and expected in lines[0], proc.stderr
 

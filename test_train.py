@@ -19,7 +19,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 QUICK = ["--preset", "quick", "--quiet", "--no-baseline", "--no-geometry", "--eval-seqs", "200"]
 
 
-def run(args, tmp_path, timeout=300):
+def run(args, tmp_path, timeout=900):
     """train.py with args in tmp_path; figures into tmp_path/figures (the sticky task draws none)."""
     figures = [] if "sticky" in args else ["--figures", str(tmp_path / "figures")]
     return subprocess.run([sys.executable, os.path.join(HERE, "train.py"), *args, *figures],
@@ -238,7 +238,7 @@ def test_ctrl_c_saves_a_checkpoint(tmp_path):
             break
         time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=300)
     assert proc.returncode == 130 and "interrupted after step" in err and "Traceback" not in err, err
     _, _, meta, opt_state = checkpoints.load_checkpoint(str(out / "checkpoint.npz"))
     assert meta["step"] >= 3 and opt_state["t"] == meta["step"]
@@ -392,7 +392,7 @@ def test_sigterm_saves_a_checkpoint_like_ctrl_c(tmp_path):
                                           len((out / "log.csv").read_text().splitlines()) > 3):
         time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=300)
     assert proc.returncode == 130 and "interrupted after step" in err, err
     _, _, meta, opt_state = checkpoints.load_checkpoint(str(out / "checkpoint.npz"))
     assert meta["step"] >= 3 and opt_state["t"] == meta["step"]
