@@ -187,6 +187,23 @@ def test_deep_model_gradients_match_finite_differences():
     assert not bad, f"deep model: relative error above 1e-6: {bad}"
 
 
+def test_deep_model_is_causal_and_has_no_position():
+    """What the deep model predicts at t depends on x_0..x_t only (it memorises a training chain, 0.0001 bits,
+    through the inputs' noise, not by seeing ahead)."""
+    cfg, params = dy.deep_init(0, 12, dtype="float64", d_model=8, n_layers=2, n_heads=2, d_mlp=16)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((1, 12, dy.D_X))
+    later = x.copy()
+    later[:, 7:] += rng.standard_normal((1, 5, dy.D_X))             # change the inputs after t = 6
+    a, b = dy.deep_forward(params, x, cfg)[0], dy.deep_forward(params, later, cfg)[0]
+    np.testing.assert_array_equal(a[:, :7], b[:, :7])
+    assert np.abs(a[:, 7:] - b[:, 7:]).max() > 1e-3
+    first = dy.deep_forward(params, x[:, :1], cfg)[0]                # one input alone: attends to itself only
+    alone = dy.deep_forward(params, x[:, 5:6], cfg)[0]
+    np.testing.assert_allclose(first[0, 0], a[0, 0], atol=1e-12)
+    assert np.abs(alone[0, 0] - a[0, 5]).max() > 1e-6                # at t = 5 the prefix matters
+
+
 def test_deep_variant_trains_and_reports_against_exact_bayes():
     out = dy.deep_variant(seeds=(3,), steps=25, lr=3e-3, T=64, chain="authors")
     r = out["per_seed"][0]
