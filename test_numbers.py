@@ -52,11 +52,35 @@ def test_paper_metric_per_sequence_mae_and_kl_by_hand():
 
 
 def test_calibration_is_the_same_metric_for_the_probes():
+    import manifold as mf
     batch, q = two_sequences()
     c, h_model, h_bayes = calibration(q, batch["posterior"])
     assert c["entropy_mae_bits"] == pytest.approx(0.36096, abs=1e-5) and c["kl_bits"] == pytest.approx(0.66096, abs=1e-5)
     np.testing.assert_allclose(h_bayes[:, 0], [1, 2])
     np.testing.assert_allclose(h_model[:, 0], [2, H_B_MODEL])
+    # the geometry probes (logit lens, ablations, frame-precision) report the paper's metric too, not the
+    # per-sequence MAE (0.63904)
+    probe = mf.calibration(q, batch["posterior"])
+    assert probe["entropy_mae_bits"] == pytest.approx(0.36096, abs=1e-5)
+    assert probe["kl_bits"] == pytest.approx(0.66096, abs=1e-5)
+
+
+def test_sawtooth_query_is_scored_apart_with_kl_and_accuracy():
+    """A value position, then the final query (one-hot posterior on its answer), two sequences:
+        A: model at the query (.5, .25, .25, 0), answer 0: KL = -log2 .5 = 1 bit, argmax right
+        B: model at the query (.1, .6, .3, 0),   answer 2: KL = -log2 .3 = 1.7370 bits, argmax wrong
+    mean KL 1.3685 bits (the swapped KL(model || one-hot) would be enormous), accuracy 1/2."""
+    value_post = np.array([0.25] * 4)
+    q = np.array([[value_post, [0.5, 0.25, 0.25, 0.0]], [value_post, [0.1, 0.6, 0.3, 0.0]]])   # (2, 2, 4)
+    post = np.array([[value_post, [1.0, 0, 0, 0]], [value_post, [0, 0, 1.0, 0]]])
+    batch = dict(tokens=np.zeros((2, 2), dtype=int), targets=np.array([[1, 0], [3, 2]]), mask=np.ones((2, 2)),
+                 query_mask=np.array([[0, 1], [0, 1]]), posterior=post)
+    m, _ = evaluate(lambda tok: q, batch)
+    assert m["query"]["kl_bits"] == pytest.approx((1 - math.log2(0.3)) / 2, abs=1e-12)
+    assert m["query"]["kl_bits"] == pytest.approx(1.36848, abs=1e-5)
+    assert m["query"]["accuracy"] == 0.5
+    # the value position alone makes the paper's curve: the model equals the posterior there
+    assert m["entropy_mae_bits"] == pytest.approx(0.0, abs=1e-12) and len(m["per_position"]) == 1
 
 
 def test_kl_is_asymmetric_and_in_bits():
@@ -84,6 +108,15 @@ def test_evidence_mass_averages_only_rows_that_have_evidence():
     # entropy of row 0 is 0 bits, of row 2 is H(0.2, 0.5, 0.3) = 1.4855 bits: mean 0.7427
     h2 = -(0.2 * math.log2(0.2) + 0.5 * math.log2(0.5) + 0.3 * math.log2(0.3))
     assert att["layers"][0]["entropy_bits_mean"] == pytest.approx(h2 / 2, abs=1e-12)
+    # uniform causal attention: 1 position (0 bits) at row 0, 3 positions (log2 3 bits) at row 2;
+    # the reported reduction is 1 - 0.7427 / 0.7925 = 0.0628 (in nats the baseline would be 0.5493, and
+    # the reduction negative)
+    assert att["uniform_entropy_bits"] == pytest.approx(math.log2(3) / 2, abs=1e-12)
+    assert att["layers"][0]["entropy_reduction"] == pytest.approx(1 - h2 / math.log2(3), abs=1e-12)
+    assert att["layers"][0]["entropy_reduction"] == pytest.approx(0.06277, abs=1e-5)
+    # uniform attention's mass on the evidence, over the rows that have evidence: 1 of row 2's 3 positions
+    # (1/6 if row 0 were averaged in)
+    assert att["uniform_consistent_mass"] == pytest.approx(1 / 3, abs=1e-12)
 
 
 def test_prototype_cosine_has_the_sign_of_the_m_step():
