@@ -50,6 +50,8 @@ def test_orthonormal_keys_have_zero_offdiagonal_cosine():
     assert got["per_head"] == pytest.approx([want, want], rel=1e-6)
     cos = mf.key_frame(params, cfg, groups, recipe="authors")["keys"]
     assert [mf.mean_abs_offdiag(c) for c in cos] == pytest.approx([want, want], rel=1e-6)
+    params["blocks.0.attn.bk"] = np.full(cfg.d_model, 3.0)            # the authors' key has no bias: no change
+    assert mf.authors_key_frame(params, cfg, "sawtooth")["per_head"] == pytest.approx([want, want], rel=1e-6)
 
 
 def test_welch_bound_is_met_by_the_regular_simplex():
@@ -250,3 +252,18 @@ def test_authors_manifold_by_hand_and_positions_where_h_is_constant():
     m = mf.authors_manifold(X, h, position)
     assert m["mean_within_position_r2_top5"] == pytest.approx(1.0)        # position 1 alone: H = 2 t exactly
     assert mf.r_squared(X[:100], h[:100]) is None and mf.pearson(X[:100, 0], h[:100]) is None
+
+
+def test_authors_manifold_when_the_entropy_lies_on_two_pcs():
+    """X = (3a, b) with a, b orthogonal, centred, unit variance: PC1 = a holds 9/10 of the variance. H = a + 2b:
+    Pearson(PC1, H) = 1/sqrt 5 = 0.447, Pearson(PC2, H) = 2/sqrt 5 = 0.894 (the best, PC2); R^2 of H on the
+    top 5 PCs is 1 (on PC1 alone it would be 1/5)."""
+    rng = np.random.default_rng(1)
+    M = rng.normal(size=(400, 2))
+    Q, _ = np.linalg.qr(M - M.mean(0))                                  # orthonormal columns, each centred
+    a, b = Q[:, 0] * np.sqrt(400), Q[:, 1] * np.sqrt(400)
+    m = mf.authors_manifold(np.c_[3 * a, b], a + 2 * b, np.zeros(400, int))
+    assert m["pc1_variance"] == pytest.approx(0.9)
+    assert [abs(r) for r in m["pearson_pc1_to_pc5"]] == pytest.approx([1 / np.sqrt(5), 2 / np.sqrt(5)])
+    assert m["best_pc"] == 2 and m["best_abs_pearson"] == pytest.approx(0.89443, abs=1e-5)
+    assert m["r2_top5"] == pytest.approx(1.0)

@@ -161,3 +161,98 @@ def test_weight_decay_touches_exactly_the_matrices():
                      weight_decay=0.5)
     for name in params:
         np.testing.assert_allclose(params[name], before[name] * (0.95 if name in decayed else 1.0), err_msg=name)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")   # Wilcoxon on two seeds divides by zero; not checked here
+def test_compare_em_steps_threshold_and_speedup_by_hand(monkeypatch):
+    """Paper II's reported numbers from designed loss curves (nats), two seeds, 4 steps (M-step 2):
+        SGD   seed 1: 5 4 3 1.0 1.0      seed 2: 5 4 3 2.5 2.0   -> threshold = mean final = 1.5
+        EM    seed 1: 5 1.5 1.4 1.2 1.1  seed 2: 5 1.2 1 1 1     -> first strictly below 1.5: steps 2 and 1
+        M     seed 1: 5 0.5 0.4          seed 2: 5 3 2           -> 1, and never (counts as its 2 steps)
+    SGD reaches it at 3 (seed 1) and never (seed 2, counts 4). Speed-up, the authors' way = SGD's steps
+    run / the mean: 4 / 1.5 = 2.667 for EM (against SGD's own mean 3.5 it would be 2.333). Seconds per step
+    0.1 (SGD) and 0.2 (the others): SGD 0.3 and 0.4 s, EM 0.4 and 0.2 s -> 0.35 / 0.3 = 1.167."""
+    import dynamics as dy
+    curves = {("sgd", 1): [5, 4, 3, 1.0, 1.0], ("sgd", 2): [5, 4, 3, 2.5, 2.0],
+              ("em", 1): [5, 1.5, 1.4, 1.2, 1.1], ("em", 2): [5, 1.2, 1, 1, 1],
+              ("mstep", 1): [5, 0.5, 0.4], ("mstep", 2): [5, 3, 2]}
+
+    def train_head(params, x, targets, n, method, log_every=None, seed=0):
+        loss = np.array(curves[method, seed], float)
+        assert len(loss) == n + 1
+        return dict(loss=loss, seconds=np.arange(n + 1) * (0.1 if method == "sgd" else 0.2))
+    monkeypatch.setattr(dy, "train_head", train_head)
+    monkeypatch.setattr(dy, "bayes_loss_bits", lambda *a, **k: 2.0)
+    monkeypatch.setattr(dy, "evaluate_vs_bayes", lambda params, reference=None: dict(loss_bits=3.0, kl_bits=0.1))
+    s, _ = dy.compare_setting("toy", [1, 2], lambda seed: (None, None), 4, 2, (None, None, None, {"chain": "exact"}))
+    assert s["threshold_nats"] == pytest.approx(1.5) and s["threshold_bits"] == pytest.approx(1.5 / math.log(2))
+    assert [r["sgd"]["steps_to_threshold"] for r in s["per_seed"]] == [3, 4]
+    assert [r["em"]["steps_to_threshold"] for r in s["per_seed"]] == [2, 1]
+    assert [r["mstep"]["steps_to_threshold"] for r in s["per_seed"]] == [1, 2]
+    assert (s["sgd"]["reached"], s["em"]["reached"], s["mstep"]["reached"]) == (1, 2, 1)
+    assert s["em"]["steps_to_threshold_mean"] == pytest.approx(1.5)
+    assert s["em"]["speedup_steps"] == pytest.approx(4 / 1.5)
+    assert s["em"]["speedup_seconds"] == pytest.approx(0.35 / 0.3)
+    assert s["em"]["final_loss_bits_mean"] == pytest.approx(1.05 / math.log(2))
+    # paired on final losses, EM minus SGD: (1.1 - 1.0, 1.0 - 2.0) -> mean difference -0.45 nats
+    assert s["em"]["paired_final_loss_vs_sgd"]["mean_diff"] == pytest.approx(-0.45)
+
+
+def test_paired_t_test_is_the_paired_one():
+    """Differences (1, 2, 3, 3): mean 2.25, sd 0.9574, t = 2.25 / (0.9574 / 2) = 4.700 on 3 degrees of
+    freedom, p = 0.0182; an unpaired test on the same numbers gives t = 3.25 on 6, p = 0.0175."""
+    import dynamics as dy
+    out = dy._paired([1, 2, 3, 4], [0, 0, 0, 1])
+    assert out["mean_diff"] == pytest.approx(2.25)
+    assert out["ttest_rel"]["statistic"] == pytest.approx(2.25 / (math.sqrt(2.75 / 3) / 2), abs=1e-9)
+    assert out["ttest_rel"]["statistic"] == pytest.approx(4.700, abs=1e-3)
+    assert out["ttest_rel"]["p"] == pytest.approx(0.0182, abs=1e-4)
+
+
+def test_ablation_frame_head_by_the_authors_rule_and_its_ratio(monkeypatch):
+    """One layer, three heads; zeroing each raises (entropy MAE, KL) from the baseline (0.1, 0.05) to
+    head 0: (0.5, 0.2), head 1: (0.3, 0.9), head 2: (0.12, 0.06). The authors' rule (largest MAE rise)
+    names L0H0 with a rise of 0.4, the runner-up L0H1 0.2: ratio 2.0 (0.5 inverted). Our KL rule names L0H1."""
+    import manifold as mf
+    table = {None: (0.1, 0.05), (0, 0): (0.5, 0.2), (0, 1): (0.3, 0.9), (0, 2): (0.12, 0.06), "layer": (1.0, 2.0)}
+
+    def fake(params, cfg, batch, mask):
+        if mask is None:
+            key = None
+        elif (mask == 0).all():
+            key = "layer"
+        else:
+            key = tuple(int(i) for i in np.argwhere(mask == 0)[0])
+        mae, kl = table[key]
+        return {"entropy_mae_bits": mae, "kl_bits": kl}
+    monkeypatch.setattr(mf, "ablated_calibration", fake)
+    cfg = ba.Config(vocab_size=6, n_classes=3, max_len=4, d_model=6, n_layers=1, n_heads=3)
+    out = mf.ablations(None, cfg, None)
+    a = out["authors_frame_head"]
+    assert (a["name"], a["second"]) == ("L0H0", "L0H1")
+    assert a["delta_entropy_mae_bits"] == pytest.approx(0.4) and a["ratio_to_second"] == pytest.approx(2.0)
+    assert out["hypothesis_frame_head"]["name"] == "L0H1"
+    assert out["layers"][0]["delta_kl_bits"] == pytest.approx(1.95)
+
+
+def test_frame_overlap_chance_and_plateau_by_hand():
+    """Overlap ||U^T W||_F^2 / min(r1, r2): U = span(e1, e2) in R^4 and W = (e1 + e3)/sqrt 2 give 0.5 / 1.
+    Chance for an 8-dimensional frame against a 20-dimensional one in R^64: 8 * 20 / 64 / 8 = 0.3125
+    (ceiling 3.2x). The plateau: ratios (2, 5, 6.5, 6, 6.2) at steps (100, 200, 300, 1000, 3000) stay
+    >= 0.9 * 6.2 = 5.58 from step 300 on; the MAE there is 0.05 and at the end 0.002: a gain of 25."""
+    import formation as fm
+    e = np.eye(4)
+    assert fm.projection_overlap(e[:, :2], ((e[:, 0] + e[:, 2]) / math.sqrt(2))[:, None]) == pytest.approx(0.5)
+    assert fm.random_overlap(64, 8, 20) == pytest.approx(0.3125)
+    steps = [100, 200, 300, 1000, 3000]
+    out = fm.authors_frame_precision(steps, [0.2, 0.5, 0.65, 0.6, 0.62], [0.5, 0.1, 0.05, 0.01, 0.002], 0.1)
+    assert out["ratio_to_chance"] == pytest.approx([2, 5, 6.5, 6, 6.2])
+    assert out["frame_plateau_step"] == 300 and out["ratio_at_plateau"] == pytest.approx(6.5)
+    assert out["calibration_gain_after_plateau"] == pytest.approx(25.0)
+    assert out["step_nearest_300"] == 300 and out["ratio_ceiling"] == pytest.approx(10.0)
+
+
+def test_welch_bound_for_twenty_hypotheses_in_heads_of_sixteen():
+    """sqrt((n - d) / (d (n - 1))) = sqrt(4 / 304) = 0.1147 for n = 20, d = 16 (the issue's 'at least 0.115')."""
+    import manifold as mf
+    assert mf.welch_rms_bound(20, 16) == pytest.approx(math.sqrt(4 / 304)) and mf.welch_rms_bound(20, 16) == pytest.approx(0.11471, abs=1e-5)
