@@ -530,7 +530,7 @@ if __name__ == "__main__":
     import kernels
     kernels.enable()                                 # the bijection transformer of --compare-em, the deep variant
     parser = argparse.ArgumentParser(description="Paper II dynamics on the sticky Markov chain.")
-    parser.add_argument("--compare-em", action="store_true", help="the full comparison (about 10 minutes)")
+    parser.add_argument("--compare-em", action="store_true", help="the full comparison (6-7 minutes on 2 cores)")
     parser.add_argument("--quick", action="store_true", help="the comparison at toy size (seconds)")
     parser.add_argument("--sticky", action="store_true", help="run_sticky: SGD against exact Bayes")
     parser.add_argument("--deep", action="store_true", help="the authors' deep variant, 5 seeds (about an hour)")
