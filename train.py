@@ -355,7 +355,8 @@ def dispatch(args):
             if args.model == name:
                 fail(f"--model {name}: {e}")
             print(f"{name} baseline skipped: {e}")
-    print(f"{args.task}: {n_params:,} transformer parameters, {args.steps} steps of batch {args.batch}, "
+    sizes = ", ".join(f"{ba.count_params(r[2]):,} {r[0]} parameters" for r in runs)   # each model's own size
+    print(f"{args.task}: {sizes}, {args.steps} steps of batch {args.batch}, "
           f"{'soft posterior' if spec['soft'] else 'sampled'} targets, run dir {args.out}")
     for name, mdl, prm, c, opt_state, start in runs:
         model_args = argparse.Namespace(**{**vars(args), "model": name})
