@@ -465,6 +465,21 @@ def attention_backward(u, alpha, q, k, v):
 # ----------------------------------------------------------------------------
 # softmax + cross-entropy
 
+@njit(cache=True, fastmath=FASTMATH)
+def exp_row(logits, n, out):
+    """out[n] = exp(z_n - max z_n), the unnormalised softmax of row n -> (its sum z, logsumexp(z_n))."""
+    K = logits.shape[1]
+    mx = logits[n, 0]
+    for k in range(1, K):
+        mx = max(mx, logits[n, k])
+    z = logits.dtype.type(0)
+    for k in range(K):
+        e = fast_exp(logits[n, k] - mx)
+        out[n, k] = e
+        z += e
+    return z, math.log(z) + mx
+
+
 @njit(cache=True, parallel=True, fastmath=FASTMATH)
 def cross_entropy_kernel(logits, targets, weights, wsum):
     """layers.cross_entropy with soft targets p (N, K), rows flattened; -> per-row loss (N,), dlogits."""
@@ -478,15 +493,7 @@ def cross_entropy_kernel(logits, targets, weights, wsum):
             for k in range(K):
                 dlogits[n, k] = f(0)
             continue
-        mx = logits[n, 0]
-        for k in range(1, K):
-            mx = max(mx, logits[n, k])
-        z = f(0)
-        for k in range(K):
-            e = fast_exp(logits[n, k] - mx)
-            dlogits[n, k] = e                               # softmax(z_n)_k * z, normalised below
-            z += e
-        logz = math.log(z) + mx
+        z, logz = exp_row(logits, n, dlogits)              # dlogits[n] = softmax(z_n) * z, normalised below
         ptot = f(0)
         loss = 0.0
         for k in range(K):
@@ -513,15 +520,7 @@ def cross_entropy_hard_kernel(logits, targets, weights, wsum):
             for k in range(K):
                 dlogits[n, k] = f(0)
             continue
-        mx = logits[n, 0]
-        for k in range(1, K):
-            mx = max(mx, logits[n, k])
-        z = f(0)
-        for k in range(K):
-            e = fast_exp(logits[n, k] - mx)
-            dlogits[n, k] = e                               # softmax(z_n)_k * z, normalised below
-            z += e
-        logz = math.log(z) + mx
+        z, logz = exp_row(logits, n, dlogits)              # dlogits[n] = softmax(z_n) * z, normalised below
         w = weights[n] / wsum
         rows[n] = w * (logz - logits[n, targets[n]])
         wz = f(w) / z
