@@ -1,8 +1,10 @@
-"""Tests for manifold.py: every probe on a tiny case whose answer is known, then analyze() end to end."""
+"""Tests for manifold.py: every probe on a tiny case whose answer is known; then geometry.py, which runs them
+on a checkpoint, end to end."""
 import json
 import os
 
 import manifold as mf  # first: bayesattn, imported by it, pins OpenBLAS to one thread before NumPy loads
+import geometry  # noqa: E402
 import bayesattn as ba
 import checkpoints
 import formation
@@ -206,7 +208,7 @@ def check_geometry(g, run, figs):
 def test_analyze_smoke_bijection(tmp_path):
     cfg = tiny_config(dtype="float32")
     run = write_run(tmp_path, cfg, {"task": "bijection", "replacement": False})
-    g = mf.analyze(str(run / "checkpoint.npz"), fig_dir=str(tmp_path / "figs"), n_seqs=12, seed=0)
+    g = geometry.analyze(str(run / "checkpoint.npz"), fig_dir=str(tmp_path / "figs"), n_seqs=12, seed=0)
     check_geometry(g, run, tmp_path / "figs")
     assert len(g["attention"]["layers"]) == cfg.n_layers
     assert g["frame_precision"]["steps"] == [10, 100]
@@ -217,7 +219,7 @@ def test_analyze_smoke_hmm(tmp_path):
     cfg = ba.Config(vocab_size=wt.HMM_VOCAB, n_classes=wt.HMM_S, max_len=wt.HMM_HEADER + 20, d_model=8,
                     n_layers=1, n_heads=2, pos="sinusoidal")
     run = write_run(tmp_path, cfg, {"task": "hmm", "replacement": False})
-    g = mf.analyze(str(run / "checkpoint.npz"), fig_dir=str(tmp_path / "figs"), n_seqs=3, seed=0)
+    g = geometry.analyze(str(run / "checkpoint.npz"), fig_dir=str(tmp_path / "figs"), n_seqs=3, seed=0)
     check_geometry(g, run, tmp_path / "figs")
     assert set(g["key_frame"]["ln"]) == {"observations", "probabilities"}
 
@@ -231,7 +233,7 @@ def test_bad_arguments_give_one_clear_line(tmp_path):
                            (["broken.npz"], "is truncated or not a bayesattn checkpoint"),
                            (["broken.npz", "--n-seqs", "1"], "--n-seqs 1: must be at least 2"),
                            ([], "the following arguments are required: checkpoint")):
-        proc = subprocess.run([sys.executable, os.path.join(here, "manifold.py"), *args], cwd=tmp_path,
+        proc = subprocess.run([sys.executable, os.path.join(here, "geometry.py"), *args], cwd=tmp_path,
                               capture_output=True, text=True, timeout=600)
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode == 2 and len(lines) == 1 and expected in lines[0], proc.stderr

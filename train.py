@@ -140,7 +140,7 @@ def parse_args(argv=None):
                    "authors' script builds it)")
     p.add_argument("--deep", action="store_true", help="sticky: the authors' deep variant (4 pre-LN blocks, AdamW, "
                                                        "a held-out chain), 5 seeds")
-    p.add_argument("--no-geometry", action="store_true", help="skip the geometry probes (manifold.py) after training")
+    p.add_argument("--no-geometry", action="store_true", help="skip the geometry probes (geometry.py) after training")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
     if args.kernels not in ("numba", "numpy"):
@@ -386,8 +386,8 @@ def dispatch(args):
     plots.plot_calibration(results, args.task, figure("calibration"))
     print(summary_table(results, gap))
     if "transformer" in results and not args.no_geometry:
-        import manifold                                  # the geometry probes, into runs/<name>/geometry.json
-        manifold.analyze(os.path.join(args.out, "checkpoint.npz"), fig_dir=args.figures)
+        import geometry                                  # the geometry probes, into runs/<name>/geometry.json
+        geometry.analyze(os.path.join(args.out, "checkpoint.npz"), fig_dir=args.figures)
         print(f"geometry: {os.path.join(args.out, 'geometry.json')} and {args.figures}/geometry_*.png")
     for name, m in results.items():
         extra = f", length generalisation KL {m['length_generalization']}" if "length_generalization" in m else ""
