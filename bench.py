@@ -49,16 +49,19 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 THREADS = 2             # PyTorch's intra-op threads; Numba uses its default, one per core
 LR = 1e-3               # a constant learning rate: the schedule costs nothing
 SHAPES = {
-    # name -> task and sizes; bijection: vocab 40, classes 20, T 38; hmm: vocab 102, classes 5, T 72
-    "bij-default": dict(task="bijection", width=64, layers=3, heads=4, batch=64),
-    "bij-paper":   dict(task="bijection", width=64, layers=3, heads=4, batch=16),
-    "bij-b256":    dict(task="bijection", width=64, layers=3, heads=4, batch=256),   # the earlier paper preset
+    # name -> task and sizes, those the presets train (train.py PRESETS); bijection: vocab 40, classes 20,
+    # T 38; sawtooth: vocab 20, classes 20, T 39; hmm: vocab 102, classes 5, T 72
+    "bij-default": dict(task="bijection", width=64, layers=3, heads=2, batch=64),
+    "bij-paper":   dict(task="bijection", width=64, layers=3, heads=2, batch=16),
+    "saw-default": dict(task="sawtooth", width=64, layers=2, heads=2, batch=64),
+    "saw-paper":   dict(task="sawtooth", width=64, layers=2, heads=2, batch=32),
     "hmm-paper":   dict(task="hmm", width=96, layers=6, heads=6, batch=32),
+    "bij-b256":    dict(task="bijection", width=64, layers=3, heads=4, batch=256),   # the earlier paper preset
     # --quick
     "tiny-bij":    dict(task="bijection", V=6, width=16, layers=1, heads=2, batch=8),
     "tiny-hmm":    dict(task="hmm", K=4, width=16, layers=1, heads=2, batch=4),
 }
-FULL, QUICK = ["bij-default", "bij-paper", "hmm-paper"], ["tiny-bij", "tiny-hmm"]
+FULL, QUICK = ["bij-default", "bij-paper", "saw-default", "saw-paper", "hmm-paper"], ["tiny-bij", "tiny-hmm"]
 
 
 def fail(msg):
