@@ -5,8 +5,11 @@ Notation (fixed for the whole module)
     NH number of heads       hs head size = C // NH    M  MLP width (d_mlp)
     V  input vocabulary      K  output classes         L  number of layers
 
-Gradient convention: every `*_backward` returns FRESH arrays (nothing is accumulated into
-buffers). `backward` returns a dict with the same keys as the parameters.
+Gradient convention (layers.py's, for every op): a forward returns (out, cache), its backward takes
+(dout, cache) and returns FRESH arrays. `backward` returns a dict with the same keys as the parameters.
+
+This module is one model family of models.FAMILIES: `Config`, `init_params`, `forward`, `backward`
+(and `param_shapes`, `step_memory_bytes`, `PROBES`, which the shared code uses where a family has them).
 
 The model, in the order of its forward pass:
     x  = wte[tokens] + wpe                                  embedding          (layers.py)
@@ -15,10 +18,11 @@ The model, in the order of its forward pass:
       x = x + W_2 gelu(LN2(x) W_1)                               MLP        (layers.py)
     logits = LNf(x) W_u                                     unembedding        (layers.py)
 The shared layers live in layers.py; the attention is here. Each op is NumPy as written; an op
-marked @twin runs its Numba twin in kernels.py instead once kernels.enable() is called (train.py
+marked @twin runs its Numba twin in kernels.py instead inside `with kernels.enabled():` (train.py
 does, unless --kernels numpy).
 
-The attention backward is the papers' E-step and M-step (shared/PAPERS.md, "The gradient equations"):
+The attention backward is the papers' E-step and M-step (Paper II's gradient equations: for one head,
+query i and key/value j, with u_i = dL/do_i the error signal arriving at the head's output):
     b_ij    = u_i . v_j                    (u = dL/d head output)
     b_bar_i = sum_j alpha_ij b_ij
     ds_ij   = alpha_ij (b_ij - b_bar_i)     E-step: advantage routing law      advantage_routing()
@@ -29,13 +33,13 @@ The attention backward is the papers' E-step and M-step (shared/PAPERS.md, "The 
 import math
 from dataclasses import dataclass, asdict, replace
 
-from layers import (bits, cross_entropy, embedding_backward, embedding_forward, gelu_backward,  # noqa: F401
-                    gelu_forward, layernorm_backward, layernorm_forward, linear_backward, linear_forward,
-                    softmax, twin)
+import layers as ly
+from layers import twin
 
 import numpy as np  # noqa: E402  (after layers: it pins OpenBLAS to one thread before NumPy loads)
 
 INITS = ("gpt2", "fan-in")  # Config.init: how init_params draws the weights
+PROBES = True               # geometry.py's probes read this family's attention (cache["layers"][l]["alpha"], ...)
 
 
 # ----------------------------------------------------------------------------
@@ -128,8 +132,31 @@ def param_shapes(cfg):
     return shapes
 
 
-def count_params(params):
-    return int(sum(v.size for v in params.values()))
+def step_memory_bytes(cfg, B, T):
+    """About how many bytes one training step at batch B and length T holds at its peak: per layer the
+    attention weights (B NH T^2) twice (alpha and the scores), about 14 activations of (B T C) and 4 of
+    (B T M) in the forward cache and the backward's temporaries, and the parameters four times (weights,
+    gradients, AdamW's m and v). An estimate to refuse what cannot fit, not a measurement."""
+    C, L, NH, M = cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.d_mlp
+    itemsize = 8 if cfg.dtype == "float64" else 4
+    per_layer = 2 * B * NH * T * T + 14 * B * T * C + 4 * B * T * M
+    params = cfg.vocab_size * C + cfg.max_len * C + L * (4 * C * C + 2 * C * M + 13 * C) + C * cfg.n_classes
+    return itemsize * (L * per_layer + 4 * params + 3 * B * T * cfg.n_classes)
+
+
+def attention_flops(cfg, B, T):
+    """Floating-point operations of attention's two causal products (q k^T, alpha v) in one training step,
+    forward and backward (the backward twice the forward)."""
+    pairs = B * cfg.n_heads * T * (T + 1) // 2             # (i, j) with j <= i, per batch and head
+    return 3 * cfg.n_layers * 2 * pairs * (cfg.d_model // cfg.n_heads) * 2
+
+
+def step_flops(cfg, B, T):
+    """Floating-point operations of one training step: the layers' matrix products and attention's, forward
+    and backward (the backward twice the forward: dx and dw)."""
+    N, C, M, K = B * T, cfg.d_model, cfg.d_mlp, cfg.n_classes
+    layer = 2 * N * C * C * 4 + 2 * N * C * M * 2
+    return 3 * (cfg.n_layers * layer + 2 * N * C * K) + attention_flops(cfg, B, T)
 
 
 # ----------------------------------------------------------------------------
@@ -180,16 +207,17 @@ def merge_heads(x):
 
 @twin
 def attention_forward(q, k, v):
-    """q, k, v (B, NH, T, hs) -> o (B, NH, T, hs), alpha (B, NH, T, T) (zero above the diagonal)."""
+    """q, k (B, NH, T, hs), v (B, NH, T, hv) -> o (B, NH, T, hv), alpha (B, NH, T, T) (zero above the
+    diagonal). The scale is 1 / sqrt(hs), the keys' size; the values may be wider (onehead.py's are)."""
     T, hs = q.shape[-2], q.shape[-1]
     s = q @ np.swapaxes(k, -1, -2) / math.sqrt(hs)                # (B, NH, T, T)  s_ij = q_i . k_j / sqrt(hs)
     causal = np.tril(np.ones((T, T), dtype=bool))
-    alpha = softmax.numpy(np.where(causal, s, -np.inf))            # (B, NH, T, T)  the responsibilities
+    alpha = ly.softmax.numpy(np.where(causal, s, -np.inf))         # (B, NH, T, T)  the responsibilities
     return alpha @ v, alpha                                        # o_i = sum_j alpha_ij v_j
 
 
 def advantage_routing(u, alpha, v):
-    """E-step. u (..., T, hs), alpha (..., T, T), v (..., T, hs) -> ds = dL/ds (..., T, T).
+    """E-step. u (..., T, hv), alpha (..., T, T), v (..., T, hv) -> ds = dL/ds (..., T, T).
     Each row of ds sums to zero: attention is redistributed, not created."""
     b = u @ np.swapaxes(v, -1, -2)                                 # (..., T, T)  b_ij = u_i . v_j
     b_bar = (alpha * b).sum(axis=-1, keepdims=True)                # (..., T, 1)  b_bar_i = sum_j alpha_ij b_ij
@@ -198,12 +226,12 @@ def advantage_routing(u, alpha, v):
 
 def value_update(u, alpha):
     """M-step. dv_j = sum_i alpha_ij u_i: each value moves toward the errors of the queries that use it."""
-    return np.swapaxes(alpha, -1, -2) @ u                          # (..., T, hs)
+    return np.swapaxes(alpha, -1, -2) @ u                          # (..., T, hv)
 
 
 @twin
 def attention_backward(u, alpha, q, k, v):
-    """u = dL/do (B, NH, T, hs) -> dq, dk, dv. Forward was o = alpha v with alpha = softmax(q k^T / sqrt(hs))."""
+    """u = dL/do (B, NH, T, hv) -> dq, dk, dv. Forward was o = alpha v with alpha = softmax(q k^T / sqrt(hs))."""
     hs = q.shape[-1]
     ds = advantage_routing(u, alpha, v)                            # E-step: advantage routing law
     dv = value_update(u, alpha)                                    # M-step: responsibility-weighted value update
@@ -215,14 +243,17 @@ def attention_backward(u, alpha, q, k, v):
 # ----------------------------------------------------------------------------
 # the model
 
-def forward(params, tokens, cfg, head_mask=None):
+def forward(params, tokens, cfg, head_mask=None, patch=None):
     """tokens (B, T) int -> logits (B, T, K), cache.
 
     head_mask: optional (L, NH) array multiplying each head's output (1 keeps, 0 ablates).
+    patch: optional function (l, o) -> o' replacing layer l's head outputs o (B, NH, T, hs) before W_o: the
+    probes' ablations by a mean or by another sequence's output (forward only: backward ignores it).
     cache["layers"][l] holds for layer l: "x_in" (B,T,C) residual stream entering the block,
     "q","k","v" (B,NH,T,hs), "alpha" (B,NH,T,T), "head_out" (B,NH,T,hs), "attn_out" (B,T,C)
-    (after the output projection), "x_mid" (B,T,C), "x_out" (B,T,C). cache["resid"] lists the
-    residual stream before each block and after the last; cache["xf"] is the final LayerNorm's output.
+    (after the output projection), "x_mid" (B,T,C), "x_out" (B,T,C), and the caches of its ops.
+    cache["resid"] lists the residual stream before each block and after the last; cache["xf"] is the
+    final LayerNorm's output.
     """
     tokens = np.asarray(tokens)
     if tokens.ndim != 2:
@@ -230,15 +261,15 @@ def forward(params, tokens, cfg, head_mask=None):
     if tokens.size and (tokens.min() < 0 or tokens.max() >= cfg.vocab_size):
         raise ValueError(f"token ids must lie in 0..{cfg.vocab_size - 1}, got {tokens.min()}..{tokens.max()}")
     B, T = tokens.shape
-    x, _ = embedding_forward(params["wte"], position_table(params, cfg, T), tokens)  # (B, T, C)
-    logits, cache = forward_embedded(params, x.astype(cfg.dtype), cfg, head_mask)
-    cache["tokens"] = tokens
+    x, embedding = ly.embedding_forward(params["wte"], position_table(params, cfg, T), tokens)  # (B, T, C)
+    logits, cache = forward_embedded(params, x.astype(cfg.dtype), cfg, head_mask, patch)
+    cache["embedding"] = embedding
     return logits, cache
 
 
-def forward_embedded(params, x, cfg, head_mask=None):
+def forward_embedded(params, x, cfg, head_mask=None, patch=None):
     """The blocks, the final LayerNorm and the unembedding on an embedded input x (B, T, C) -> logits, cache
-    (forward's cache without "tokens"). A model with another input layer (dynamics.py's projection of
+    (forward's cache without "embedding"). A model with another input layer (dynamics.py's projection of
     continuous inputs) calls this directly."""
     NH, T = cfg.n_heads, x.shape[1]
     cache = {"T": T, "layers": [], "resid": [x], "head_mask": head_mask}
@@ -246,36 +277,40 @@ def forward_embedded(params, x, cfg, head_mask=None):
         pre = f"blocks.{l}."
         lc = {"x_in": x}
         # attention sub-block: x = x + W_o . attention(LN(x))
-        h, lc["ln1"] = layernorm_forward(x, params[pre + "ln1.g"], params[pre + "ln1.b"])
+        h, lc["ln1"] = ly.layernorm_forward(x, params[pre + "ln1.g"], params[pre + "ln1.b"])
         lc["h1"] = h
-        q = split_heads(linear_forward(h, params[pre + "attn.wq"], params[pre + "attn.bq"])[0], NH)  # (B, NH, T, hs)
-        k = split_heads(linear_forward(h, params[pre + "attn.wk"], params[pre + "attn.bk"])[0], NH)
-        v = split_heads(linear_forward(h, params[pre + "attn.wv"], params[pre + "attn.bv"])[0], NH)
+        q, lc["wq"] = ly.linear_forward(h, params[pre + "attn.wq"], params[pre + "attn.bq"])   # (B, T, C)
+        k, lc["wk"] = ly.linear_forward(h, params[pre + "attn.wk"], params[pre + "attn.bk"])
+        v, lc["wv"] = ly.linear_forward(h, params[pre + "attn.wv"], params[pre + "attn.bv"])
+        q, k, v = split_heads(q, NH), split_heads(k, NH), split_heads(v, NH)       # (B, NH, T, hs)
         o, alpha = attention_forward(q, k, v)                                      # (B, NH, T, hs), (B, NH, T, T)
         if head_mask is not None:
             o = o * np.asarray(head_mask[l], dtype=o.dtype)[None, :, None, None]
+        if patch is not None:
+            o = patch(l, o)
         y = merge_heads(o)                                                         # (B, T, C)
-        attn_out, _ = linear_forward(y, params[pre + "attn.wo"], params[pre + "attn.bo"])
+        attn_out, lc["wo"] = ly.linear_forward(y, params[pre + "attn.wo"], params[pre + "attn.bo"])
         x = x + attn_out
         lc.update(q=q, k=k, v=v, alpha=alpha, head_out=o, y=y, attn_out=attn_out, x_mid=x)
         # MLP sub-block: x = x + W_2 gelu(W_1 LN(x))
-        h2, lc["ln2"] = layernorm_forward(x, params[pre + "ln2.g"], params[pre + "ln2.b"])
-        pre_act, _ = linear_forward(h2, params[pre + "mlp.w1"], params[pre + "mlp.b1"])  # (B, T, M)
-        act, _ = gelu_forward(pre_act)
-        x = x + linear_forward(act, params[pre + "mlp.w2"], params[pre + "mlp.b2"])[0]
+        h2, lc["ln2"] = ly.layernorm_forward(x, params[pre + "ln2.g"], params[pre + "ln2.b"])
+        pre_act, lc["w1"] = ly.linear_forward(h2, params[pre + "mlp.w1"], params[pre + "mlp.b1"])  # (B, T, M)
+        act, lc["gelu"] = ly.gelu_forward(pre_act)
+        mlp_out, lc["w2"] = ly.linear_forward(act, params[pre + "mlp.w2"], params[pre + "mlp.b2"])
+        x = x + mlp_out
         lc.update(h2=h2, pre_act=pre_act, act=act, x_out=x)
         cache["layers"].append(lc)
         cache["resid"].append(x)
-    xf, cache["lnf"] = layernorm_forward(x, params["lnf.g"], params["lnf.b"])
+    xf, cache["lnf"] = ly.layernorm_forward(x, params["lnf.g"], params["lnf.b"])
     cache["xf"] = xf
-    logits, _ = linear_forward(xf, params["unembed.w"], params["unembed.b"])        # (B, T, K)
+    logits, cache["unembed"] = ly.linear_forward(xf, params["unembed.w"], params["unembed.b"])   # (B, T, K)
     return logits, cache
 
 
 def backward(dlogits, cache, params, cfg):
     """dlogits (B, T, K) -> grads, a dict with the same keys as params. Reverses forward line by line."""
     g, dx = backward_embedded(dlogits, cache, params, cfg)
-    g["wte"], dwpe = embedding_backward(dx, cache["tokens"], cfg.vocab_size)     # (V, C), (T, C)
+    g["wte"], dwpe = ly.embedding_backward(dx, cache["embedding"])                # (V, C), (T, C)
     if cfg.pos == "learned":                      # clamped positions share a row: their gradients add up
         g["wpe"] = np.zeros_like(params["wpe"])
         np.add.at(g["wpe"], position_rows(cfg, cache["T"]), dwpe)
@@ -287,18 +322,18 @@ def backward_embedded(dlogits, cache, params, cfg):
     g = {}
     NH = cfg.n_heads
     # forward: logits = xf @ W_u + b_u
-    dx, g["unembed.w"], g["unembed.b"] = linear_backward(dlogits, cache["xf"], params["unembed.w"])
-    dx, g["lnf.g"], g["lnf.b"] = layernorm_backward(dx, cache["lnf"])
+    dx, g["unembed.w"], g["unembed.b"] = ly.linear_backward(dlogits, cache["unembed"])
+    dx, g["lnf.g"], g["lnf.b"] = ly.layernorm_backward(dx, cache["lnf"])
     for l in reversed(range(cfg.n_layers)):
         pre, lc = f"blocks.{l}.", cache["layers"][l]
         # forward: x_out = x_mid + act @ W_2 + b_2; the residual passes dx straight through
-        dact, g[pre + "mlp.w2"], g[pre + "mlp.b2"] = linear_backward(dx, lc["act"], params[pre + "mlp.w2"])
-        dpre = gelu_backward(dact, lc["pre_act"])
-        dh2, g[pre + "mlp.w1"], g[pre + "mlp.b1"] = linear_backward(dpre, lc["h2"], params[pre + "mlp.w1"])
-        dh, g[pre + "ln2.g"], g[pre + "ln2.b"] = layernorm_backward(dh2, lc["ln2"])
+        dact, g[pre + "mlp.w2"], g[pre + "mlp.b2"] = ly.linear_backward(dx, lc["w2"])
+        dpre = ly.gelu_backward(dact, lc["gelu"])
+        dh2, g[pre + "mlp.w1"], g[pre + "mlp.b1"] = ly.linear_backward(dpre, lc["w1"])
+        dh, g[pre + "ln2.g"], g[pre + "ln2.b"] = ly.layernorm_backward(dh2, lc["ln2"])
         dx = dx + dh                                                   # x_mid feeds both the residual and LN2
         # forward: x_mid = x_in + y @ W_o + b_o
-        dy, g[pre + "attn.wo"], g[pre + "attn.bo"] = linear_backward(dx, lc["y"], params[pre + "attn.wo"])
+        dy, g[pre + "attn.wo"], g[pre + "attn.bo"] = ly.linear_backward(dx, lc["wo"])
         u = split_heads(dy, NH)                                        # (B, NH, T, hs)  u = dL/d head output
         if cache["head_mask"] is not None:
             u = u * np.asarray(cache["head_mask"][l], dtype=u.dtype)[None, :, None, None]
@@ -306,25 +341,8 @@ def backward_embedded(dlogits, cache, params, cfg):
         dh = np.zeros_like(lc["h1"])
         for name, d in (("q", dq), ("k", dk), ("v", dv)):
             # forward: q = h1 @ W_q + b_q (and k, v): h1 feeds all three, so their dh add up
-            dhn, g[pre + f"attn.w{name}"], g[pre + f"attn.b{name}"] = linear_backward(
-                merge_heads(d), lc["h1"], params[pre + f"attn.w{name}"])
+            dhn, g[pre + f"attn.w{name}"], g[pre + f"attn.b{name}"] = ly.linear_backward(merge_heads(d), lc[f"w{name}"])
             dh += dhn
-        dh, g[pre + "ln1.g"], g[pre + "ln1.b"] = layernorm_backward(dh, lc["ln1"])
+        dh, g[pre + "ln1.g"], g[pre + "ln1.b"] = ly.layernorm_backward(dh, lc["ln1"])
         dx = dx + dh                                                   # x_in feeds both the residual and LN1
     return g, dx
-
-
-def loss_and_grads(params, tokens, targets, mask, cfg):
-    """Mean cross-entropy (nats) over supervised positions and its gradient for every parameter."""
-    logits, cache = forward(params, tokens, cfg)
-    loss, dlogits = cross_entropy(logits, targets, mask)
-    return loss, backward(dlogits, cache, params, cfg)
-
-
-def predict_proba(params, tokens, cfg, batch=256):
-    """Model predictive distribution (B, T, K) in float64, evaluated in chunks."""
-    out = []
-    for i in range(0, len(tokens), batch):
-        logits, _ = forward(params, tokens[i:i + batch], cfg)
-        out.append(softmax.numpy(logits.astype(np.float64)))
-    return np.concatenate(out)

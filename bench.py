@@ -6,8 +6,8 @@
     python bench.py --shapes bij-b256         # the earlier bijection paper preset (batch 256)
     python bench.py --tricks                 # what each speed trick of kernels.py buys, per shape
 
-A step is training.train_step, the step train.py takes (loss_and_grads, clip_grad_norm, adamw_step),
-on the fast path (kernels.enable()). PyTorch gets the same float32 parameters, batch, shapes and thread count
+A step is training.train_step, the step train.py takes (models.loss_and_grads, clip_grad_norm, adamw_step),
+on the fast path (inside `with kernels.enabled():`). PyTorch gets the same float32 parameters, batch, shapes and thread count
 (torch.set_num_threads(2)): pre-LN blocks, separate q/k/v/o projections with biases, GELU (tanh),
 learned positions, final LN, untied unembedding, AdamW with decay on the same tensors, cross-entropy
 on the masked positions. Ours and PyTorch's steps are timed alternately, so a change in the load of
@@ -41,7 +41,10 @@ import numpy as np  # noqa: E402
 import bayesattn as ba  # noqa: E402
 import kernels  # noqa: E402
 import layers  # noqa: E402
-import training  # noqa: E402  (its task_spec and train_step: the step is the one train.py takes)
+import models  # noqa: E402
+import optim  # noqa: E402
+import tasks  # noqa: E402
+import training  # noqa: E402  (its train_step: the step is the one train.py takes)
 
 WEIGHT_DECAY = 0.01     # decay on the matrices, so the step does that work too
 
@@ -105,27 +108,19 @@ def interleaved(fs, repeats, warmup):
 # ----------------------------------------------------------------------------
 # the problem: config, parameters and one fixed batch of a shape
 
+def task_settings(s):
+    """The task's settings of a shape: its defaults, V or n_obs where the shape says."""
+    return tasks.settings(s["task"], {"V": s.get("V"), "n_obs": s.get("K")})
+
+
 def setup(name):
     s = SHAPES[name]
-    spec = training.task_spec(s["task"], V=s.get("V", 20), K=s.get("K", 20))
-    cfg = ba.Config(vocab_size=spec["vocab"], n_classes=spec["classes"], max_len=spec["max_len"],
+    settings = task_settings(s)
+    sizes = tasks.sizes(s["task"], settings)
+    cfg = ba.Config(vocab_size=sizes["vocab"], n_classes=sizes["classes"], max_len=sizes["max_len"],
                     d_model=s["width"], n_layers=s["layers"], n_heads=s["heads"], dtype="float32")
-    batch = spec["batch"](np.random.default_rng(0), s["batch"])
+    batch = tasks.sample(s["task"], np.random.default_rng(0), s["batch"], settings)
     return cfg, ba.init_params(cfg, 0), batch
-
-
-def attention_flops(cfg, B, T):
-    """Analytic flops of attention's two (causal) products in one step, forward and backward."""
-    pairs = B * cfg.n_heads * T * (T + 1) // 2             # (i, j) with j <= i, per batch and head
-    return 3 * cfg.n_layers * 2 * pairs * (cfg.d_model // cfg.n_heads) * 2
-
-
-def step_flops(cfg, B, T):
-    """Analytic flops of one step: the matmuls and attention's two (causal) products, forward and
-    backward. Backward costs twice the forward (dx and dw; b, dv, dq, dk against s and o)."""
-    N, C, M, K = B * T, cfg.d_model, cfg.d_mlp, cfg.n_classes
-    layer = 2 * N * C * C * 4 + 2 * N * C * M * 2
-    return 3 * (cfg.n_layers * layer + 2 * N * C * K) + attention_flops(cfg, B, T)
 
 
 def one_thread(step):
@@ -142,12 +137,13 @@ def one_thread(step):
 
 def ours_step(cfg, params, batch):
     """-> a closure taking one training step exactly as train.py does (training.train_step)."""
-    state = training.optim.adamw_init(params)
-    model = lambda p, tok, tgt, m: ba.loss_and_grads(p, tok, tgt, m, cfg)
+    state = optim.adamw_init(params)
+    model = lambda p, tok, tgt, m: models.loss_and_grads("transformer", p, tok, tgt, m, cfg)
+    decay = models.decay_set("transformer", params)
 
     def step():
         return training.train_step(model, params, state, batch["tokens"], batch["targets"], batch["mask"], LR,
-                                   WEIGHT_DECAY)[0]
+                                   WEIGHT_DECAY, decay=decay)[0]
     return step
 
 
@@ -210,9 +206,9 @@ def torch_step(cfg, params, batch):
         logits = linear(x, "unembed.w", "unembed.b").reshape(B * T, K)
         return (F.cross_entropy(logits, targets, reduction="none") * mask).sum() / mask.sum()
 
-    decay = training.optim.default_decay
-    groups = [dict(params=[p for n, p in P.items() if decay(n)], weight_decay=WEIGHT_DECAY),
-              dict(params=[p for n, p in P.items() if not decay(n)], weight_decay=0.0)]
+    decay = models.decay_set("transformer", params)
+    groups = [dict(params=[p for n, p in P.items() if n in decay], weight_decay=WEIGHT_DECAY),
+              dict(params=[p for n, p in P.items() if n not in decay], weight_decay=0.0)]
     opt = torch.optim.AdamW(groups, lr=LR, betas=training.BETAS, eps=1e-8)
     with torch.no_grad():
         loss0 = float(loss_fn())
@@ -279,9 +275,9 @@ def kernel_cases(cfg, batch):
                                 lambda: layers.gelu_forward.numpy(h)),
         f"gelu bwd {h.shape}": (lambda: K_.gelu_backward(dh, h), lambda: K_.gelu_backward_kernel(dh, h),
                                 lambda: layers.gelu_backward.numpy(dh, h)),
-        f"scatter-add {x.shape}": (lambda: K_.embedding_backward(dx3, tokens, cfg.vocab_size),
+        f"scatter-add {x.shape}": (lambda: K_.embedding_backward(dx3, (tokens, cfg.vocab_size)),
                                    lambda: K_.scatter_add_kernel(x, idx, cfg.vocab_size),
-                                   lambda: layers.embedding_backward.numpy(dx3, tokens, cfg.vocab_size)),
+                                   lambda: layers.embedding_backward.numpy(dx3, (tokens, cfg.vocab_size))),
         f"cross-entropy {logits.shape}": (lambda: K_.cross_entropy(logits, t, w),
                                           lambda: K_.cross_entropy_hard_kernel(z, tf, wf, float(wf.sum())),
                                           lambda: layers.cross_entropy.numpy(logits, t, w)),
@@ -347,11 +343,12 @@ def sgemm_gflops(threads, n, reps):
 COMPILE = """
 import time
 t0 = time.perf_counter()
-import numpy as np, bayesattn as ba, kernels
-kernels.enable()
+import numpy as np, bayesattn as ba, kernels, models
 cfg = ba.Config(vocab_size=7, n_classes=5, max_len=6, d_model=8, n_layers=1, n_heads=2)
 rng = np.random.default_rng(0)
-ba.loss_and_grads(ba.init_params(cfg), rng.integers(0, 7, (2, 6)), rng.integers(0, 5, (2, 6)), np.ones((2, 6)), cfg)
+with kernels.enabled():
+    models.loss_and_grads("transformer", ba.init_params(cfg), rng.integers(0, 7, (2, 6)), rng.integers(0, 5, (2, 6)),
+                          np.ones((2, 6)), cfg)
 print(time.perf_counter() - t0)
 """
 
@@ -365,15 +362,15 @@ def compile_seconds():
 
 def memory_child(name, steps):
     """A training loop of `steps` steps as train.py runs it (a new batch each step); prints peak RSS in MiB."""
-    kernels.enable()
     cfg, params, _ = setup(name)
     s = SHAPES[name]
-    spec = training.task_spec(s["task"], V=s.get("V", 20), K=s.get("K", 20))
-    state = training.optim.adamw_init(params)
-    model = lambda p, tok, tgt, m: ba.loss_and_grads(p, tok, tgt, m, cfg)
-    for step in range(steps):
-        batch = spec["batch"](np.random.default_rng((0, step)), s["batch"])
-        training.train_step(model, params, state, batch["tokens"], batch["targets"], batch["mask"], LR, WEIGHT_DECAY)
+    state = optim.adamw_init(params)
+    model = lambda p, tok, tgt, m: models.loss_and_grads("transformer", p, tok, tgt, m, cfg)
+    with kernels.enabled():
+        for step in range(steps):
+            batch = tasks.sample(s["task"], np.random.default_rng((0, step)), s["batch"], task_settings(s))
+            training.train_step(model, params, state, batch["tokens"], batch["targets"], batch["mask"], LR,
+                                WEIGHT_DECAY)
     print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)   # Linux: KiB
 
 
@@ -409,10 +406,10 @@ def parse_args(argv=None):
 
 TRICKS = """
 import sys, numpy as np, bench, kernels
-kernels.enable()
 cfg, params, batch = bench.setup({name!r})
 step = bench.ours_step(cfg, params, batch)
-print(1e3 * np.median(bench.interleaved([step], {repeats}, warmup=3)[0]))
+with kernels.enabled():
+    print(1e3 * np.median(bench.interleaved([step], {repeats}, warmup=3)[0]))
 """
 
 
@@ -428,7 +425,7 @@ def tricks(name, repeats):
         out["products not split by rows"] = run({}, "import kernels; kernels.SPLIT_FLOPS = float('inf')\n")
         out["math.exp instead of exp32"] = run({"BAYESATTN_EXP32": "0"})
         out["the NumPy path (no twin at all)"] = run(
-            {}, "import kernels; kernels.enable = kernels.disable\n")
+            {}, "import kernels, layers; kernels.enabled = lambda: layers.use_twins({})\n")
     return out
 
 
@@ -449,7 +446,11 @@ def profile_step(step, n=10):
 
 def main(argv=None):
     args = parse_args(argv)
-    kernels.enable()                                       # the fast path, as train.py runs
+    with kernels.enabled():                                # the fast path, as train.py runs
+        return bench(args)
+
+
+def bench(args):
     if args.tricks:
         print(f"bench.py --tricks  {load()}  numba {numba.__version__} ({numba.config.NUMBA_NUM_THREADS} threads)  "
               f"repeats {args.repeats}; median ms of one training step, each variant in a fresh process")
@@ -488,17 +489,17 @@ def main(argv=None):
         cfg, params, batch = setup(name)
         B, T = batch["tokens"].shape
         print(f"\n{name}: vocab {cfg.vocab_size}, classes {cfg.n_classes}, T {T}, width {cfg.d_model}, "
-              f"{cfg.n_layers} layers, {cfg.n_heads} heads, batch {B}, {ba.count_params(params)} parameters")
+              f"{cfg.n_layers} layers, {cfg.n_heads} heads, batch {B}, {models.count_params(params)} parameters")
         ours = ours_step(cfg, params, batch)
         if torch_version:
             theirs, loss_torch = torch_step(cfg, params, batch)
-            loss_ours, _ = ba.loss_and_grads(params, batch["tokens"], batch["targets"], batch["mask"], cfg)
+            loss_ours, _ = models.loss_and_grads("transformer", params, batch["tokens"], batch["targets"], batch["mask"], cfg)
             print(f"  initial loss: ours {loss_ours:.6f}  torch {loss_torch:.6f}  (same model, same batch)")
         products, product_flops, n_products = step_products(ours)    # takes a step: after the losses
         fs = [ours, one_thread(ours), products] + ([theirs] if torch_version else [])
         times = interleaved(fs, args.repeats, warmup)
         times_1, times_products, times[1:] = times[1], times[2], times[3:]
-        flops = step_flops(cfg, B, T)
+        flops = ba.step_flops(cfg, B, T)
         gflops = flops / np.median(times[0]) / 1e9
         print(f"  step: ours  {median_ms(times[0]):8.2f} ms ({spread(times[0])})  {gflops:.1f} GFLOP/s = "
               f"{100 * gflops / ceiling[1]:.0f}% of 1-thread sgemm, {100 * gflops / ceiling[2]:.0f}% of 2-thread "

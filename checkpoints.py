@@ -1,9 +1,10 @@
 """checkpoints: what a run writes to disk, written atomically (a temporary file, then a rename).
 
-A checkpoint is one .npz: the model's config and a JSON "meta" dict (task, step, ...) as strings,
+A checkpoint is one .npz: the model's config and a JSON "meta" dict (model, task, step, ...) as strings,
 the parameters as "param:<name>", optionally the AdamW state as "adam_t", "adam_m:<name>",
-"adam_v:<name>". Loading never unpickles anything. `write_json` is the one JSON writer of the
-project: numpy numbers become plain ones, NaN and inf become null.
+"adam_v:<name>". The meta's "model" names the family (models.FAMILIES), which reads the config and
+says what the parameters must be. Loading never unpickles anything. `write_json` is the one JSON
+writer of the project: numpy numbers become plain ones, NaN and inf become null.
 """
 
 import json
@@ -14,8 +15,7 @@ import zipfile
 
 import numpy as np
 
-from bayesattn import Config, param_shapes
-from mlp_baseline import MLPConfig, mlp_param_shapes
+import models
 
 
 _UMASK = os.umask(0)
@@ -43,7 +43,12 @@ def save_arrays(path, arrays):
     _atomic_write(path, lambda f: np.savez(f, **arrays))
 
 
+class CheckpointNotSaved(Exception):
+    """A checkpoint was not written (a weight is not finite, or the disk refused); the message says which."""
+
+
 def save_checkpoint(path, params, cfg, meta=None, opt_state=None):
+    """params, cfg (its family's Config), meta (a dict naming at least the model) as an .npz at path, atomically."""
     arrays = {"config": np.array(json.dumps(cfg.to_dict())), "meta": np.array(json.dumps(meta or {}))}
     arrays.update({f"param:{k}": v for k, v in params.items()})
     if opt_state is not None:
@@ -53,12 +58,37 @@ def save_checkpoint(path, params, cfg, meta=None, opt_state=None):
     _atomic_write(path, lambda f: np.savez(f, **arrays))
 
 
+def save_checked(path, params, cfg, meta, opt_state=None):
+    """save_checkpoint, refusing weights that are not finite; CheckpointNotSaved (the file at path kept) if a
+    weight is not finite or the file cannot be written."""
+    bad = [name for name, p in params.items() if not np.isfinite(p).all()]
+    if bad:
+        raise CheckpointNotSaved(f"weights {', '.join(bad[:3])} are not finite; not saved, {path} keeps the "
+                                 f"last good checkpoint")
+    try:
+        save_checkpoint(path, params, cfg, meta, opt_state)
+    except OSError as e:
+        raise CheckpointNotSaved(f"{path} cannot be written ({e.strerror}); the previous file stays") from None
+
+
+def versions():
+    """The versions of Python, NumPy, SciPy and Numba this process runs: every metrics.json and geometry.json
+    records them (a result is reproduced bit for bit only with the same ones; requirements-lock.txt pins them)."""
+    import platform
+
+    import numba
+    import scipy
+    return {"python": platform.python_version(), "numpy": np.__version__, "scipy": scipy.__version__,
+            "numba": numba.__version__}
+
+
 MAX_LOAD_BYTES = 2 ** 31    # a checkpoint declaring more than 2 GiB of arrays is refused before reading
 
 
 def load_checkpoint(path):
-    """-> (params, cfg, meta, opt_state or None). Raises ValueError with one clear line if the file is missing,
-    truncated, too large, or holds parameters of the wrong names or shapes for its own config."""
+    """-> (params, cfg, meta, opt_state or None), cfg the Config of the family meta["model"] names. Raises
+    ValueError with one clear line if the file is missing, truncated, too large, names no registered model,
+    or holds parameters of the wrong names or shapes for its own config."""
     try:
         with zipfile.ZipFile(path) as z:                # the sizes the archive declares, before reading any
             declared = sum(info.file_size for info in z.infolist())
@@ -68,10 +98,20 @@ def load_checkpoint(path):
         with np.load(path, allow_pickle=False) as z:
             data = {k: z[k] for k in z.files}
         fields = json.loads(str(data["config"]))
-        cfg = MLPConfig(**fields) if "width" in fields else Config(**fields)   # an MLP's config has a width
         meta = json.loads(str(data["meta"]))
-        if not isinstance(meta, dict):
-            raise TypeError("meta is not a dict")
+        if not isinstance(meta, dict) or not isinstance(fields, dict):
+            raise TypeError("meta or config is not a dict")
+        name = meta.get("model")
+        if name is None:
+            raise ValueError(f"checkpoint {path!r} does not name its model in its meta (a run writes it; an "
+                             f"array file saved otherwise is not a run's checkpoint)")
+        if name not in models.FAMILIES:
+            raise ValueError(f"checkpoint {path!r} holds a model {name!r}, which is not registered (known: "
+                             f"{', '.join(models.FAMILIES)})")
+        try:
+            cfg = models.config_from_dict(name, fields)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"checkpoint {path!r}: its config does not fit model {name!r} ({e})") from None
     except FileNotFoundError:
         raise ValueError(f"checkpoint {path!r} does not exist") from None
     except ValueError as e:
@@ -81,7 +121,7 @@ def load_checkpoint(path):
     except (OSError, KeyError, TypeError, zipfile.BadZipFile, EOFError) as e:
         raise ValueError(f"checkpoint {path!r} is truncated or not a bayesattn checkpoint ({type(e).__name__})") from None
     params = {k[len("param:"):]: v for k, v in data.items() if k.startswith("param:")}
-    shapes = mlp_param_shapes(cfg) if isinstance(cfg, MLPConfig) else param_shapes(cfg)
+    shapes = models.param_shapes(name, cfg)
     _check_arrays(path, "parameter", params, shapes)
     opt_state = None
     if "adam_t" in data:

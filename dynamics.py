@@ -1,7 +1,9 @@
-"""dynamics: Paper II's gradient dynamics on the sticky Markov chain (wind tunnel 3), the experiments.
+"""dynamics: Paper II's gradient dynamics on the sticky Markov chain (sticky.py), the experiments.
 
-The model and its optimisers are onehead.py. Here: training with the two-timescale quantities
-logged, the exact Bayes references, and the experiments of Paper II and past it:
+The model and its optimisers are onehead.py; every experiment trains through the project's one loop,
+training.train, and runs from the one command line, `python train.py --task sticky [--compare-em |
+--deep]`. Here: the steps of each arm with the two-timescale quantities logged, the exact Bayes
+references, and the experiments of Paper II and past it:
     compare_em      SGD against the EM-like schedule (W_V stepped 10x faster) and a true M-step,
                     5 seeds, one long chain and many short ones; the two-timescale logs
     deep_variant    the authors' 4-layer transformer on the continuous inputs, a held-out chain
@@ -9,11 +11,8 @@ logged, the exact Bayes references, and the experiments of Paper II and past it:
 Losses are nats inside the code and bits in every report.
 """
 
-import argparse
-import json
 import math
 import os
-import sys
 import time
 
 import layers as ly  # first: it sets OPENBLAS_NUM_THREADS=1 before NumPy loads
@@ -22,18 +21,33 @@ import numba
 import numpy as np
 from scipy import stats
 
+import bijection
+import models
 import optim
 import plots
+import sticky
 import training
 import windtunnels as wt
 from checkpoints import plain, save_arrays, write_json
-from onehead import (CHAINS, EVAL_SEED, N_CLASSES, D_X, D_K, D_V, INIT_STD, MU_SEED, ROUTING, SEEDS, V_SCALE,  # noqa: F401
-                     VALUE, LN2, head_forward, head_loss, init_head, m_step_update, routing_backward, sgd_step,
-                     em_like_step, sticky_data, sticky_task, value_backward, _rows)
+from onehead import (EVAL_SEED, N_CLASSES, D_X, D_K, D_V, INIT_STD, ROUTING, SEEDS, V_SCALE, VALUE, LN2,
+                     em_like_step, error_signal, head_backward, head_forward, head_loss, init_head, m_step_update,
+                     sgd_step)
+
+SGD_LR = 0.01               # the authors' plain SGD (and the base of the EM-like schedule)
+DEEP_LR = 3e-4              # the deep variant's AdamW peak
 
 
 # ----------------------------------------------------------------------------
 # training with the dynamics logged
+
+def finished(result, steps):
+    """training.train's result, unless a signal stopped it: Paper II's runs keep no checkpoint, so a run cut
+    short is not reported as if it had ended (training.Interrupted names the step)."""
+    if result["interrupted"]:
+        raise training.Interrupted(f"interrupted at step {result['step']} of {steps}; Paper II's experiments keep "
+                                   f"no checkpoint, so nothing was written: run the command again")
+    return result
+
 
 def _norm(grads, names):
     return float(math.sqrt(sum(float(np.vdot(grads[k], grads[k])) for k in names)))
@@ -43,7 +57,7 @@ def dynamics_snapshot(params, cache, u, pairs, alpha_prev=None, V_prev=None):
     """The quantities of the two-timescale story at one step, on the first sequence of the batch (in the
     training dtype). u (B, T, d_v) the error signal the E-step used; pairs (i, j), j <= i, sample the advantages."""
     alpha = cache["alpha"][0]                                    # (T, T)
-    V = cache["x"][0] @ params["W_V"]                            # (T, d_v)
+    V = cache["x"][0] @ params["W_V"]                            # (T, d_v) the values the step saw
     u0 = u[0]                                                    # (T, d_v)
     b = u0 @ V.T                                                 # (T, T)  b_ij = u_i . v_j
     b_bar = (u0 * (alpha @ V)).sum(axis=1)                       # (T,)    b_bar_i = sum_j alpha_ij b_ij = u_i . o_i
@@ -74,8 +88,8 @@ def prototype_cosine(V_before, V_after, dV):
     return float((num[ok] / den[ok]).mean()) if ok.any() else float("nan")
 
 
-def train_head(params, x, targets, steps, method="sgd", lr=0.01, log_every=None, seed=0):
-    """Train the head in place, full batch. method: "sgd", "em" (EM-like) or "mstep".
+def train_head(params, x, targets, steps, method="sgd", lr=SGD_LR, log_every=None, seed=0):
+    """Train the head in place, full batch, through training.train. method: "sgd", "em" (EM-like) or "mstep".
     -> dict: loss (steps + 1,) nats, loss[k] before update k and loss[steps] after the last;
     seconds (steps + 1,) cumulative compute time before update k (logging excluded);
     routing_norm, value_norm (steps,) gradient norms of (W_Q, W_K) and (W_V, W_O) before each update;
@@ -83,44 +97,50 @@ def train_head(params, x, targets, steps, method="sgd", lr=0.01, log_every=None,
     if method not in ("sgd", "em", "mstep"):
         raise ValueError(f"method={method!r}: allowed are 'sgd', 'em', 'mstep'")
     x = np.ascontiguousarray(x, dtype=params["W_Q"].dtype)
-    loss_curve, seconds, routing_norm, value_norm, mstep_newton, logs = [], [0.0], [], [], [], []
+    out = dict(method=method, lr=lr, loss=[], seconds=[0.0], routing_norm=[], value_norm=[], logs=[])
+    newton = []
     T = x.shape[1]
     rng = np.random.default_rng(seed)
     i = np.floor(T * np.sqrt(rng.random(20000))).astype(np.int64)   # P(i) ~ i + 1: uniform over the causal pairs
     pairs = (i, (rng.random(20000) * (i + 1)).astype(np.int64))      # then j uniform in 0..i
-    alpha_prev = V_prev = None
-    for step in range(steps):
-        t0 = time.perf_counter()
+    previous = {"alpha": None, "V": None}
+
+    def step(k):
         with np.errstate(over="ignore", invalid="ignore"):
             loss, dlogits, _, cache = head_loss(params, x, targets)
         if not math.isfinite(loss):
-            raise ValueError(f"step {step + 1}: the loss ({loss}) is not finite; training stopped (try a smaller --lr)")
-        u, g_val = value_backward(dlogits, cache, params)
+            return dict(loss=loss)
+        grads = head_backward(dlogits, cache, params)
+        u = error_signal(dlogits, params)
         W_V_before = params["W_V"].copy()
         if method == "mstep":
-            _, newton, g_rout, u_e = m_step_update(params, cache, targets, lr)   # u_e: the error after the M-step
-            mstep_newton.append(len(newton) - 1)
+            _, losses, g_rout, u_e = m_step_update(params, cache, x, targets, lr)   # u_e: the error after it
+            newton.append(len(losses) - 1)
         else:
-            g_rout, u_e = routing_backward(u, cache, params), u
-            (em_like_step if method == "em" else sgd_step)(params, {**g_rout, **g_val}, lr)
-        seconds.append(seconds[-1] + time.perf_counter() - t0)
-        loss_curve.append(loss)
-        routing_norm.append(_norm(g_rout, ROUTING))
-        value_norm.append(_norm(g_val, VALUE))
-        if log_every and (step % log_every == 0 or step == steps - 1):
+            g_rout, u_e = {n: grads[n] for n in ROUTING}, u
+            (em_like_step if method == "em" else sgd_step)(params, grads, lr)
+        return dict(loss=loss, grads=grads, g_rout=g_rout, u=u, u_e=u_e, cache=cache, W_V_before=W_V_before)
+
+    def on_step(k, r, compute):
+        out["seconds"].append(compute)
+        out["loss"].append(r["loss"])
+        out["routing_norm"].append(_norm(r["g_rout"], ROUTING))
+        out["value_norm"].append(_norm(r["grads"], VALUE))
+        if log_every and (k % log_every == 0 or k == steps - 1):
             # the advantages the routing step saw: u_e against the values it was computed with
-            seen = params if method == "mstep" else params | {"W_V": W_V_before}
-            snap, alpha_prev, V_prev = dynamics_snapshot(seen, cache, u_e, pairs, alpha_prev, V_prev)
-            dV = ba.value_update(u[0], cache["alpha"][0])          # (T, d_v) the M-step signal sum_i alpha_ij u_i
-            snap["prototype_cos"] = prototype_cosine(x[0] @ W_V_before, x[0] @ params["W_V"], dV)
-            snap["step"] = step
-            logs.append(snap)
+            seen = params if method == "mstep" else params | {"W_V": r["W_V_before"]}
+            snap, previous["alpha"], previous["V"] = dynamics_snapshot(seen, r["cache"], r["u_e"], pairs,
+                                                                       previous["alpha"], previous["V"])
+            dV = ba.value_update(r["u"][0], r["cache"]["alpha"][0])   # (T, d_v) the M-step signal sum_i alpha_ij u_i
+            snap["prototype_cos"] = prototype_cosine(x[0] @ r["W_V_before"], x[0] @ params["W_V"], dV)
+            snap["step"] = k
+            out["logs"].append(snap)
+
+    finished(training.train(step, steps, on_step=on_step), steps)
     loss, _, _, _ = head_loss(params, x, targets)
-    loss_curve.append(loss)
-    out = dict(method=method, lr=lr, loss=loss_curve, seconds=seconds, routing_norm=routing_norm,
-               value_norm=value_norm, logs=logs)
+    out["loss"].append(loss)
     if method == "mstep":
-        out["newton_steps"] = mstep_newton
+        out["newton_steps"] = newton
     return out
 
 
@@ -135,13 +155,13 @@ def steps_to_threshold(loss, threshold):
 
 def exact_bayes_reference(sigma=1.0, n=8, T=2000, seed=EVAL_SEED, chain="exact"):
     """Held-out chains from a separate seed and their exact Bayes predictor p(y_{t+1} | x_0..x_t)
-    (windtunnels.sticky_posterior_batch, the forward filter). -> x, targets, posterior (n, T, K), references (bits)."""
-    P, mu = sticky_task(chain)
-    x, targets = sticky_data(seed, T=T, n=n, sigma=sigma, chain=chain)
-    posterior = wt.sticky_posterior_batch(P, mu, x, sigma)      # (n, T, K)
+    (sticky.posterior_batch, the forward filter). -> x, targets, posterior (n, T, K), references (bits)."""
+    P, mu = sticky.task(chain)
+    x, targets = sticky.data(seed, T=T, n=n, sigma=sigma, chain=chain)
+    posterior = sticky.posterior_batch(P, mu, x, sigma)      # (n, T, K)
     bayes_ce = float(-np.log2(np.take_along_axis(posterior, targets[..., None], axis=-1)).mean())
     bayes_entropy = float(wt.entropy_bits(posterior).mean())    # the same in expectation, far less sampling noise
-    bound = wt.sticky_conditional_entropy_bits(P)                # H(Y_{t+1} | Y_t): sees y_t itself, a lower bound
+    bound = sticky.conditional_entropy_bits(P)                # H(Y_{t+1} | Y_t): sees y_t itself, a lower bound
     ref = dict(bayes_loss_bits=bayes_ce, bayes_entropy_bits=bayes_entropy, conditional_entropy_bound_bits=bound,
                bound_gap_bits=bayes_ce - bound, bound_gap_entropy_bits=bayes_entropy - bound,
                eval_seed=seed, eval_chains=n, eval_T=T, sigma=sigma, chain=chain)
@@ -161,16 +181,16 @@ def evaluate_vs_bayes(params, sigma=1.0, n=8, T=2000, seed=EVAL_SEED, reference=
 
 def bayes_loss_bits(x, targets, sigma=1.0, chain="exact"):
     """Cross-entropy (bits) of the exact Bayes predictor on given chains x (n, T, d_x)."""
-    P, mu = sticky_task(chain)
-    post = wt.sticky_posterior_batch(P, mu, x, sigma)
+    P, mu = sticky.task(chain)
+    post = sticky.posterior_batch(P, mu, x, sigma)
     return float(-np.log2(np.take_along_axis(post, targets[..., None], axis=-1)).mean())
 
 
-def run_sticky(steps=1000, seed=0, lr=0.01, T=2000, sigma=1.0, out_dir=None, chain="exact"):
+def run_sticky(steps=1000, seed=0, lr=SGD_LR, T=2000, sigma=1.0, out_dir=None, chain="exact"):
     """Train the one-head model with plain SGD on one chain (full batch) and compare it, on held-out
     chains, with the exact Bayes predictor. With out_dir, writes sticky_metrics.json and sticky_head.npz
     there. -> metrics dict."""
-    x, targets = sticky_data(seed, T=T, sigma=sigma, chain=chain)
+    x, targets = sticky.data(seed, T=T, sigma=sigma, chain=chain)
     params = init_head(seed, dtype="float32")
     run = train_head(params, x, targets, steps, "sgd", lr)
     metrics = dict(task="sticky", model="one-head", steps=steps, seed=seed, lr=lr, T=T, sigma=sigma,
@@ -207,48 +227,51 @@ def transformer_timescales(steps=500, seed=0, n_layers=3, d_model=64, n_heads=4,
 
 
 def _transformer_timescales(steps, seed, n_layers, d_model, n_heads, batch, lr, V, probe_every, warmup, probe_size):
-    L = V - 1
-    cfg = ba.Config(vocab_size=2 * V, n_classes=V, max_len=2 * L, d_model=d_model, n_layers=n_layers,
+    cfg = ba.Config(vocab_size=2 * V, n_classes=V, max_len=2 * (V - 1), d_model=d_model, n_layers=n_layers,
                     n_heads=n_heads)
     params = ba.init_params(cfg, seed)
     opt = optim.adamw_init(params)
-    model = lambda p, tok, tgt, m: ba.loss_and_grads(p, tok, tgt, m, cfg)
+    model = lambda p, tok, tgt, m: models.loss_and_grads("transformer", p, tok, tgt, m, cfg)
     rng = np.random.default_rng(seed)
-    probe = wt.bijection_batch(np.random.default_rng(seed + 1), probe_size, V)
+    probe = bijection.batch(np.random.default_rng(seed + 1), probe_size, V)
     routing = np.zeros((steps, n_layers))
     value = np.zeros((steps, n_layers))
-    loss_curve, probes, prev, seconds = [], [], None, 0.0
-    for step in range(steps):
-        t0 = time.perf_counter()
-        data = wt.bijection_batch(rng, batch, V)
+    loss_curve, probes, prev = [], [], [None]
+
+    def step(i):
+        data = bijection.batch(rng, batch, V)
 
         def log_norms(grads):                                    # before clipping
             for l in range(n_layers):
                 pre = f"blocks.{l}.attn."
-                routing[step, l] = _norm(grads, (pre + "wq", pre + "wk"))
-                value[step, l] = _norm(grads, (pre + "wv", pre + "wo"))
-        loss, _ = training.train_step(model, params, opt, data["tokens"], data["targets"], data["mask"],
-                                      optim.lr_schedule(step, lr, warmup, steps), 0.01, on_grads=log_norms)
-        seconds += time.perf_counter() - t0
-        loss_curve.append(loss)
-        if step % probe_every == 0 or step == steps - 1:
+                routing[i, l] = _norm(grads, (pre + "wq", pre + "wk"))
+                value[i, l] = _norm(grads, (pre + "wv", pre + "wo"))
+        loss, norm = training.train_step(model, params, opt, data["tokens"], data["targets"], data["mask"],
+                                         optim.lr_schedule(i, lr, warmup, steps), 0.01, on_grads=log_norms)
+        return dict(loss=loss, grad_norm=norm)
+
+    def on_step(i, r, compute):
+        loss_curve.append(r["loss"])
+        if i % probe_every == 0 or i == steps - 1:
             _, cache = ba.forward(params, probe["tokens"], cfg)
             cur = [(lc["alpha"].astype(np.float64), lc["v"].astype(np.float64)) for lc in cache["layers"]]
-            snap = {"step": step, "attn_entropy_bits": [], "frame_drift": [], "value_drift": []}
+            snap = {"step": i, "attn_entropy_bits": [], "frame_drift": [], "value_drift": []}
             for l, (alpha, v) in enumerate(cur):
                 with np.errstate(divide="ignore", invalid="ignore"):
                     ent = -np.where(alpha > 0, alpha * np.log2(alpha), 0.0).sum(-1)   # (B, NH, T)
                 snap["attn_entropy_bits"].append(float(ent.mean()))
-                if prev is not None:
-                    snap["frame_drift"].append(float(0.5 * np.abs(alpha - prev[l][0]).sum(-1).mean()))
-                    snap["value_drift"].append(float(np.linalg.norm(v - prev[l][1]) / np.linalg.norm(prev[l][1])))
+                if prev[0] is not None:
+                    snap["frame_drift"].append(float(0.5 * np.abs(alpha - prev[0][l][0]).sum(-1).mean()))
+                    snap["value_drift"].append(float(np.linalg.norm(v - prev[0][l][1]) / np.linalg.norm(prev[0][l][1])))
             probes.append(snap)
-            prev = cur
-    proba = ba.predict_proba(params, probe["tokens"], cfg)       # (B, T, V)
+            prev[0] = cur
+
+    out = finished(training.train(step, steps, on_step=on_step), steps)
+    proba = models.predict_proba("transformer", params, probe["tokens"], cfg)   # (B, T, V)
     m = probe["mask"] > 0
     post, tgt = probe["posterior"][m], probe["targets"][m]
     q = proba[m]
-    return dict(config=cfg.to_dict(), steps=steps, seed=seed, batch=batch, lr=lr, seconds=seconds,
+    return dict(config=cfg.to_dict(), steps=steps, seed=seed, batch=batch, lr=lr, seconds=out["compute_seconds"],
                 loss_bits=(np.asarray(loss_curve) / LN2).tolist(),
                 routing_norm=routing.tolist(), value_norm=value.tolist(), probes=probes,
                 probe_loss_bits=float(-np.log2(q[np.arange(len(tgt)), tgt]).mean()),
@@ -277,22 +300,22 @@ def deep_init(seed, T, dtype="float32", **sizes):
 
 def deep_forward(params, x, cfg):
     """x (B, T, d_x) -> logits (B, T, K), cache: h = x W_in + b_in, then the blocks."""
-    h, _ = ba.linear_forward(x.astype(cfg.dtype), params["in.w"], params["in.b"])   # (B, T, C)
+    h, inputs = ly.linear_forward(x.astype(cfg.dtype), params["in.w"], params["in.b"])   # (B, T, C)
     logits, cache = ba.forward_embedded(params, h, cfg)
-    cache["x"] = x.astype(cfg.dtype)
+    cache["inputs"] = inputs
     return logits, cache
 
 
 def deep_loss_and_grads(params, x, targets, cfg):
     """Mean cross-entropy (nats) of the targets (B, T) and the gradient of every parameter."""
     logits, cache = deep_forward(params, x, cfg)
-    loss, dlogits = ba.cross_entropy(logits, targets, np.ones(targets.shape))
+    loss, dlogits = ly.cross_entropy(logits, targets, np.ones(targets.shape))
     g, dh = ba.backward_embedded(dlogits, cache, params, cfg)
-    _, g["in.w"], g["in.b"] = ba.linear_backward(dh, cache["x"], params["in.w"])   # forward: h = x W_in + b_in
+    _, g["in.w"], g["in.b"] = ly.linear_backward(dh, cache["inputs"])             # forward: h = x W_in + b_in
     return loss, g
 
 
-def deep_variant(seeds=SEEDS, steps=1000, lr=3e-4, T=2000, chain="exact", threads=None):
+def deep_variant(seeds=SEEDS, steps=1000, lr=DEEP_LR, T=2000, chain="exact", threads=None):
     """Train on one chain of each seed (full batch), test on a fresh chain (seed + 10000), as the authors.
     training.train_step (AdamW, weight decay 0.01, clipping at 1), cosine from lr to 0; no dropout (the
     authors use 0.1).
@@ -300,24 +323,27 @@ def deep_variant(seeds=SEEDS, steps=1000, lr=3e-4, T=2000, chain="exact", thread
     prev = numba.get_num_threads()
     numba.set_num_threads(threads or prev)
     try:
-        P, mu = sticky_task(chain)
+        P, mu = sticky.task(chain)
         rows = []
         for seed in seeds:
             t0 = time.perf_counter()
-            x, y = sticky_data(seed, T=T, chain=chain)
-            x_test, y_test = sticky_data(seed + 10000, T=T, chain=chain)
+            x, y = sticky.data(seed, T=T, chain=chain)
+            x_test, y_test = sticky.data(seed + 10000, T=T, chain=chain)
             cfg, params = deep_init(seed, T)
             opt = optim.adamw_init(params)
             model = lambda p, xx, yy, m: deep_loss_and_grads(p, xx, yy, cfg)
             losses = []
-            for step in range(steps):
-                loss, norm = training.train_step(model, params, opt, x, y, None, optim.lr_schedule(step, lr, 0, steps),
+
+            def step(i):
+                loss, norm = training.train_step(model, params, opt, x, y, None, optim.lr_schedule(i, lr, 0, steps),
                                                  0.01)
-                if not (math.isfinite(loss) and math.isfinite(norm)):
-                    raise ValueError(f"deep variant, seed {seed}, step {step + 1}: the loss ({loss}) is not finite")
-                losses.append(loss / LN2)
+                return dict(loss=loss, grad_norm=norm)
+            try:
+                finished(training.train(step, steps, on_step=lambda i, r, c: losses.append(r["loss"] / LN2)), steps)
+            except training.TrainingStopped as e:
+                raise training.TrainingStopped(f"deep variant, seed {seed}: {e}") from None
             q = ly.softmax.numpy(deep_forward(params, x_test, cfg)[0].astype(np.float64))    # (1, T, K)
-            post = wt.sticky_posterior_batch(P, mu, x_test, 1.0)                          # (1, T, K)
+            post = sticky.posterior_batch(P, mu, x_test, 1.0)                          # (1, T, K)
             ce = lambda p: float(-np.log2(np.maximum(np.take_along_axis(p, y_test[..., None], -1), wt.TINY)).mean())
             rows.append(dict(seed=seed, train_loss_final_bits=losses[-1], test_loss_bits=ce(q),
                              test_bayes_loss_bits=ce(post), test_kl_bits=float(wt.kl_bits(post, q).mean()),
@@ -330,7 +356,7 @@ def deep_variant(seeds=SEEDS, steps=1000, lr=3e-4, T=2000, chain="exact", thread
     column = lambda key: np.array([r[key] for r in rows])
     return {"config": dict(DEEP, d_x=D_X, classes=N_CLASSES, steps=steps, lr=lr, T=T, chain=chain, seeds=list(seeds),
                            optimiser="AdamW, weight decay 0.01, cosine to 0, clip 1.0, no dropout",
-                           bound_bits=wt.sticky_conditional_entropy_bits(P)),
+                           bound_bits=sticky.conditional_entropy_bits(P)),
             "per_seed": rows,
             **{f"{key}_mean": float(column(key).mean()) for key in
                ("train_loss_final_bits", "test_loss_bits", "test_bayes_loss_bits", "test_kl_bits")},
@@ -353,7 +379,7 @@ def _paired(a, b):
     return out
 
 
-def compare_setting(name, seeds, make_data, steps, mstep_steps, reference, log_every=None):
+def compare_setting(name, seeds, make_data, steps, mstep_steps, reference, log_every=None, lr=SGD_LR):
     """SGD, EM-like and M-step arms from the same initialisation for each seed, full batch on make_data(seed).
     Threshold = mean over seeds of SGD's final training loss (nats, as the authors); per arm and seed the
     first step below it, the compute seconds to get there, and the held-out loss against exact Bayes."""
@@ -365,7 +391,7 @@ def compare_setting(name, seeds, make_data, steps, mstep_steps, reference, log_e
         train_bayes.append(bayes_loss_bits(x, targets, chain=reference[3]["chain"]))
         for method, n in arms.items():
             params = init_head(seed, dtype="float32")           # the same start for every arm
-            run = train_head(params, x, targets, n, method, log_every=log_every, seed=seed)
+            run = train_head(params, x, targets, n, method, lr=lr, log_every=log_every, seed=seed)
             run.update(seed=seed, params={k: v.tolist() for k, v in params.items()},
                        heldout=evaluate_vs_bayes(params, reference=reference))
             runs[method].append(run)
@@ -403,7 +429,7 @@ def compare_setting(name, seeds, make_data, steps, mstep_steps, reference, log_e
 
 
 def compare_em(seeds=SEEDS, steps=1000, out_dir=None, quick=False, mstep_steps=None,
-               transformer_steps=None, chain="exact"):
+               transformer_steps=None, chain="exact", lr=SGD_LR):
     """Paper II's EM-like schedule against SGD, and a true M-step, on the sticky chain: one T = 2000 chain
     per seed (the authors' setting) and 32 chains of T = 64 (a second setting); the two-timescale logs;
     exact-Bayes references; the bijection transformer's per-layer gradient norms. Writes em_vs_sgd.png,
@@ -422,36 +448,36 @@ def compare_em(seeds=SEEDS, steps=1000, out_dir=None, quick=False, mstep_steps=N
         transformer_kw = dict(steps=transformer_steps or 500)
         eval_long, eval_short, long_horizon = dict(n=4, T=2000), dict(n=128, T=64), 1000
     mstep_steps = mstep_steps or min(steps, 300)
-    bound = wt.sticky_conditional_entropy_bits(sticky_task(chain)[0])
-    out = {"config": dict(seeds=seeds, steps=steps, mstep_steps=mstep_steps, lr=0.01, v_scale=V_SCALE, T=T,
+    bound = sticky.conditional_entropy_bits(sticky.task(chain)[0])
+    out = {"config": dict(seeds=seeds, steps=steps, mstep_steps=mstep_steps, lr=lr, v_scale=V_SCALE, T=T,
                           short_batch=short, sigma=1.0, d_x=D_X, d_k=D_K, d_v=D_V, classes=N_CLASSES,
-                          init_std=INIT_STD, mu_seed=MU_SEED, eval_seed=EVAL_SEED, eval_long=eval_long,
+                          init_std=INIT_STD, mu_seed=sticky.MU_SEED, eval_seed=EVAL_SEED, eval_long=eval_long,
                           eval_short=eval_short, log_every=log_every, quick=quick,
                           precision="float32 training; float64 M-step solve and evaluation",
-                          chain=chain, self_transition=float(sticky_task(chain)[0][0, 0]),
+                          chain=chain, self_transition=float(sticky.task(chain)[0][0, 0]),
                           conditional_entropy_bound_bits=bound)}
 
     print(f"long chain: T = {T}, full batch, seeds {seeds}", flush=True)
     ref_long = exact_bayes_reference(1.0, **eval_long, chain=chain)
-    out["long_chain"], long_runs = compare_setting("long_chain", seeds, lambda s: sticky_data(s, T=T, chain=chain),
-                                                   steps, mstep_steps, ref_long, log_every)
+    out["long_chain"], long_runs = compare_setting("long_chain", seeds, lambda s: sticky.data(s, T=T, chain=chain),
+                                                   steps, mstep_steps, ref_long, log_every, lr)
     print(f"short sequences: {short[0]} chains of T = {short[1]}, full batch", flush=True)
     ref_short = exact_bayes_reference(1.0, **eval_short, chain=chain)
     out["short_sequences"], short_runs = compare_setting(
-        "short_sequences", seeds, lambda s: sticky_data(s, T=short[1], n=short[0], chain=chain), steps, mstep_steps,
-        ref_short)
+        "short_sequences", seeds, lambda s: sticky.data(s, T=short[1], n=short[0], chain=chain), steps, mstep_steps,
+        ref_short, lr=lr)
 
     # exact Bayes: the references at three noise levels, and plain SGD trained and judged at sigma = 3
     out["exact_bayes_reference"] = {str(s): exact_bayes_reference(s, n=4 * eval_long["n"], T=eval_long["T"],
                                                                   chain=chain)[3] for s in (1.0, 2.0, 3.0)}
     print("SGD at sigma = 3 against exact Bayes", flush=True)
-    out["sigma3_sgd"] = run_sticky(steps=steps, seed=seeds[0], T=T, sigma=3.0, chain=chain)
+    out["sigma3_sgd"] = run_sticky(steps=steps, seed=seeds[0], lr=lr, T=T, sigma=3.0, chain=chain)
 
     # two timescales: the arms' logs, a longer-horizon SGD run (lr 0.3) where attention does concentrate,
     # and the bijection transformer
     out["two_timescales_one_head"] = _timescale_summary(long_runs)
     print(f"long-horizon SGD, lr 0.3, {long_horizon} steps", flush=True)
-    x, targets = sticky_data(seeds[0], T=T, chain=chain)
+    x, targets = sticky.data(seeds[0], T=T, chain=chain)
     params = init_head(seeds[0], dtype="float32")
     lh = train_head(params, x, targets, long_horizon, "sgd", lr=0.3, log_every=log_every, seed=seeds[0])
     lh.update(seed=seeds[0], heldout=evaluate_vs_bayes(params, reference=ref_long))
@@ -511,10 +537,10 @@ def default_out_dir(chain="exact", quick=False, what="dynamics"):
     return os.path.join("runs", what + ("-quick" if quick else "") + ("-authors-chain" if chain == "authors" else ""))
 
 
-def run_deep(chain="exact", steps=1000, out_dir=None, seeds=SEEDS):
+def run_deep(chain="exact", steps=1000, out_dir=None, seeds=SEEDS, lr=DEEP_LR):
     """The deep variant over the seeds; writes deep_variant.json to out_dir (default
     runs/deep-variant[-authors-chain]). -> the dict."""
-    out = plain(deep_variant(seeds=seeds, steps=steps, chain=chain))
+    out = plain(deep_variant(seeds=seeds, steps=steps, lr=lr, chain=chain))
     out_dir = out_dir or default_out_dir(chain, what="deep-variant")
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "deep_variant.json")
@@ -525,42 +551,3 @@ def run_deep(chain="exact", steps=1000, out_dir=None, seeds=SEEDS):
           f"KL {out['test_kl_bits_mean']:.4f}; wrote {path}")
     return out
 
-
-if __name__ == "__main__":
-    import kernels
-    kernels.enable()                                 # the bijection transformer of --compare-em, the deep variant
-    parser = argparse.ArgumentParser(description="Paper II dynamics on the sticky Markov chain.")
-    parser.add_argument("--compare-em", action="store_true", help="the full comparison (6-7 minutes on 2 cores)")
-    parser.add_argument("--quick", action="store_true", help="the comparison at toy size (seconds)")
-    parser.add_argument("--sticky", action="store_true", help="run_sticky: SGD against exact Bayes")
-    parser.add_argument("--deep", action="store_true", help="the authors' deep variant, 5 seeds (about an hour)")
-    parser.add_argument("--chain", default="exact", choices=CHAINS,
-                        help="exact: self-transition 0.3; authors: 0.3498, as the authors' script builds it")
-    parser.add_argument("--steps", type=int, default=1000, help="training steps per arm")
-    parser.add_argument("--seed", type=int, default=0, help="seed for --sticky")
-    parser.add_argument("--sigma", type=float, default=1.0, help="noise for --sticky")
-    parser.add_argument("--out", help="output directory (default runs/dynamics..., runs/deep-variant...)")
-
-    def fail(msg):                                   # one clear line, exit code 2
-        print(f"dynamics.py: error: {msg}", file=sys.stderr)
-        sys.exit(2)
-    parser.error = fail
-    args = parser.parse_args()
-    given = lambda flag: any(a == flag or a.startswith(flag + "=") for a in sys.argv[1:])
-    if args.steps < 1:
-        fail(f"--steps {args.steps}: must be a positive integer")
-    if not (math.isfinite(args.sigma) and args.sigma > 0):
-        fail(f"--sigma {args.sigma}: must be a finite number > 0")
-    if args.seed < 0:
-        fail(f"--seed {args.seed}: must be a non-negative integer")
-    if not args.sticky and (given("--seed") or given("--sigma")):
-        fail("--seed and --sigma belong to --sticky (the comparisons use the authors' five seeds and sigma 1)")
-    if args.sticky:
-        m = run_sticky(steps=args.steps, seed=args.seed, sigma=args.sigma, out_dir=args.out, chain=args.chain)
-        print(json.dumps({k: v for k, v in plain(m).items() if not isinstance(v, list)}, indent=1))
-    elif args.deep:
-        run_deep(args.chain, args.steps, args.out)
-    elif args.compare_em or args.quick:
-        compare_em(steps=args.steps, out_dir=args.out, quick=args.quick, chain=args.chain)
-    else:
-        parser.print_help()

@@ -1,14 +1,16 @@
 """evaluation: a model's predictive distributions against the exact posterior, in bits.
 
 The numbers every document here reports, each defined once:
-    entropy_mae_bits       the papers' metric: average H over sequences at each position first,
-                           then the mean over positions of |H_model - H_Bayes|
-    entropy_mae_seq_bits   the mean over sequences and positions of |H_model - H_Bayes|
-    kl_bits                the mean KL(posterior || model) per position
+    entropy_mae_bits       the papers' metric (paper_metric): average H over sequences at each answer
+                           index first (the i-th answer of every sequence), then the mean over answer
+                           indices of |H_model - H_Bayes|
+    entropy_mae_seq_bits   the mean over every answer of every sequence of |H_model - H_Bayes|
+    kl_bits                the mean KL(posterior || model) per answer
     excess_ce_bits         cross-entropy of the sampled targets under the model minus under the posterior
     impossible_mass        the mean model probability on answers the posterior rules out (a probability)
-On the sawtooth the paper's curve covers the L value positions; its final query (posterior
-one-hot) is scored apart, under "query".
+The answers of a row are its supervised positions (mask > 0) but those its query_mask marks (the
+sawtooth's final query), which are scored apart under "query". Rows may have their answers at other
+positions, and other numbers of them; the i-th answer of a row is its i-th supervised position.
 """
 
 import numpy as np
@@ -16,44 +18,88 @@ import numpy as np
 import windtunnels as wt
 
 
-def calibration(q, post):
-    """q, post (n, P, K) model and exact distributions at P positions -> the paper metric, the per-sequence
-    MAE and the KL, in bits, and the entropies (n, P) they come from."""
+def answers(batch, which="answers"):
+    """-> positions (n, P) int and valid (n, P) bool: row b's i-th answer sits at positions[b, i] where
+    valid[b, i] (P is the largest count of any row; the rest is padding). which: "answers" (the paper's
+    curve) or "queries" (the answers scored apart). ValueError in one line for a batch that cannot be scored."""
+    mask = np.asarray(batch["mask"]) > 0
+    n, T = mask.shape
+    if batch["tokens"].shape != (n, T) or batch["posterior"].shape[:2] != (n, T):
+        raise ValueError(f"batch shapes do not agree: tokens {batch['tokens'].shape}, mask {(n, T)}, "
+                         f"posterior {batch['posterior'].shape}")
+    query = np.asarray(batch.get("query_mask", np.zeros((n, T)))) > 0
+    if np.any(query & ~mask):
+        raise ValueError("the batch's query_mask marks positions its mask does not supervise")
+    chosen = mask & ~query if which == "answers" else query
+    if which == "answers":
+        if not chosen.any(axis=1).all():
+            raise ValueError(f"row {int(np.flatnonzero(~chosen.any(axis=1))[0])} of the batch has no supervised answer")
+        sums = batch["posterior"][chosen].sum(-1)
+        if not np.allclose(sums, 1.0, atol=1e-6):
+            raise ValueError("the batch's posterior is not a distribution at every supervised position")
+    count = chosen.sum(axis=1)                                      # (n,)
+    P = int(count.max()) if n else 0
+    order = np.argsort(~chosen, axis=1, kind="stable")[:, :P]       # (n, P) the chosen positions first, in order
+    valid = np.arange(P)[None, :] < count[:, None]                  # (n, P)
+    return np.where(valid, order, 0), valid
+
+
+def gather(a, positions):
+    """a (n, T, ...) -> (n, P, ...) the entries at each row's positions (n, P). Where every row has the same
+    positions this is a[:, positions[0]], whose memory layout (and so the last bits of the sums over it)
+    is the one the documented numbers were computed with."""
+    if len(positions) and np.all(positions == positions[0]):
+        return a[:, positions[0]]
+    return np.take_along_axis(a, positions.reshape(positions.shape + (1,) * (a.ndim - 2)), axis=1)
+
+
+def masked_mean(x, valid, axis=None):
+    """The mean of x over its valid entries (along axis). Where every entry is valid: x.mean(axis), whose
+    order of summation (and so whose last bits) the documented numbers were computed with."""
+    return x.mean(axis) if valid.all() else np.mean(x, axis=axis, where=valid)
+
+
+def paper_metric(h_model, h_bayes, valid):
+    """The papers' entropy MAE: h (n, P) at each row's i-th answer, valid (n, P). Average H over the
+    sequences that have an i-th answer, then the mean over i of |H_model - H_Bayes|, in bits."""
+    mean = lambda h: masked_mean(h, valid, axis=0)                  # (P,) over the sequences with an i-th answer
+    return float(np.abs(mean(h_model) - mean(h_bayes)).mean())
+
+
+def calibration(q, post, valid=None):
+    """q, post (n, P, K) model and exact distributions at each row's P answers (valid (n, P), default all)
+    -> the paper metric, the per-sequence MAE and the KL, in bits, and the entropies (n, P) they come from."""
+    valid = np.ones(q.shape[:2], bool) if valid is None else valid
     h_model, h_bayes = wt.entropy_bits(q), wt.entropy_bits(post)   # (n, P)
-    return {"entropy_mae_bits": float(np.abs(h_model.mean(0) - h_bayes.mean(0)).mean()),
-            "entropy_mae_seq_bits": float(np.abs(h_model - h_bayes).mean()),
-            "kl_bits": float(wt.kl_bits(post, q).mean())}, h_model, h_bayes
-
-
-def scored_columns(batch):
-    """(value positions, query positions): every supervised position the paper's curve covers, and the
-    sawtooth's final query (empty elsewhere). The same in every row."""
-    cols = np.flatnonzero(batch["mask"][0] > 0)
-    assert np.all(batch["mask"][:, cols] > 0)
-    query = np.flatnonzero(batch["query_mask"][0] > 0) if "query_mask" in batch else np.array([], int)
-    return np.setdiff1d(cols, query), query
+    return {"entropy_mae_bits": paper_metric(h_model, h_bayes, valid),
+            "entropy_mae_seq_bits": float(masked_mean(np.abs(h_model - h_bayes), valid)),
+            "kl_bits": float(masked_mean(wt.kl_bits(post, q), valid))}, h_model, h_bayes
 
 
 def evaluate(predict, batch):
-    """predict(tokens) -> (n, Tlen, K) probabilities. -> (metrics, traces): the numbers above, per position,
-    and the entropies of the first 8 sequences (the single-sequence figure)."""
-    q = predict(batch["tokens"])                                    # (n, Tlen, K)
-    cols, query = scored_columns(batch)
-    post, qc = batch["posterior"][:, cols], q[:, cols]              # (n, P, K)
-    metrics, h_model, h_bayes = calibration(qc, post)
-    kl = wt.kl_bits(post, qc)                                       # (n, P)
-    impossible = np.where(post == 0, qc, 0.0).sum(-1)               # (n, P) mass on ruled-out answers
-    y = batch["targets"][:, cols][..., None]
-    ce_model = -np.log2(np.maximum(np.take_along_axis(qc, y, -1)[..., 0], wt.TINY))
-    ce_bayes = -np.log2(np.take_along_axis(post, y, -1)[..., 0])
+    """predict(tokens) -> (n, T, K) probabilities. -> (metrics, traces): the numbers above, per answer index,
+    and the entropies of the first 8 sequences at their answers (the single-sequence figure; NaN past a
+    row's last answer)."""
+    pos, valid = answers(batch)
+    q_all = predict(batch["tokens"])                                # (n, T, K)
+    post, q = gather(batch["posterior"], pos), gather(q_all, pos)  # (n, P, K)
+    metrics, h_model, h_bayes = calibration(q, post, valid)
+    kl = wt.kl_bits(post, q)                                        # (n, P)
+    impossible = np.where(post == 0, q, 0.0).sum(-1)                # (n, P) mass on ruled-out answers
+    y = gather(batch["targets"], pos)[..., None]                    # (n, P, 1)
+    ce_model = -np.log2(np.maximum(np.take_along_axis(q, y, -1)[..., 0], wt.TINY))
+    ce_bayes = -np.log2(np.maximum(np.take_along_axis(post, y, -1)[..., 0], wt.TINY))
+    at = lambda a, i: float(masked_mean(a[:, i], valid[:, i]))
     metrics.update(
-        excess_ce_bits=float(ce_model.mean() - ce_bayes.mean()),
-        impossible_mass=float(impossible.mean()),
-        per_position=[dict(position=int(i + 1), H_model=float(h_model[:, i].mean()),
-                           H_bayes=float(h_bayes[:, i].mean()), kl=float(kl[:, i].mean()),
-                           impossible_mass=float(impossible[:, i].mean())) for i in range(len(cols))])
-    if len(query):                                                  # one-hot posterior: KL = -log2 q(answer)
-        qq, answer = q[:, query[0]], batch["targets"][:, query[0]]  # (n, K), (n,)
-        metrics["query"] = dict(kl_bits=float(wt.kl_bits(batch["posterior"][:, query[0]], qq).mean()),
+        excess_ce_bits=float(masked_mean(ce_model, valid) - masked_mean(ce_bayes, valid)),
+        impossible_mass=float(masked_mean(impossible, valid)),
+        per_position=[dict(position=int(i + 1), H_model=at(h_model, i), H_bayes=at(h_bayes, i), kl=at(kl, i),
+                           impossible_mass=at(impossible, i)) for i in range(pos.shape[1])])
+    qpos, qvalid = answers(batch, "queries")
+    if qvalid.any():                                                # scored apart: KL and accuracy over every query
+        qq, qpost = gather(q_all, qpos)[qvalid], gather(batch["posterior"], qpos)[qvalid]   # (N, K)
+        answer = gather(batch["targets"], qpos)[qvalid]
+        metrics["query"] = dict(kl_bits=float(wt.kl_bits(qpost, qq).mean()),
                                 accuracy=float((qq.argmax(-1) == answer).mean()))
-    return metrics, dict(h_model=h_model[:8], h_bayes=h_bayes[:8])
+    nan = lambda h: np.where(valid[:8], h[:8], np.nan)
+    return metrics, dict(h_model=nan(h_model), h_bayes=nan(h_bayes))

@@ -92,20 +92,63 @@ def random_overlap(C, r1, r2):
     return r1 * r2 / C / min(r1, r2)
 
 
-def frame_precision(snaps, measure, frame, frame_rank, width, settle_fraction=SETTLE_FRACTION):
+def span_basis(F, rank=None):
+    """Orthonormal basis (C, r) of the row space of F (n, C); with rank, its top `rank` directions (the
+    leading right singular vectors). (C, 0) when F is zero."""
+    _, S, Vt = np.linalg.svd(np.asarray(F, np.float64), full_matrices=False)
+    keep = int((S > S[0] * 1e-10).sum()) if len(S) and S[0] > 0 else 0
+    return Vt[:keep if rank is None else min(rank, keep)].T
+
+
+def overlap_ratio(U, W, width):
+    """projection_overlap(U, W) as a multiple of a random subspace's (0 when either is empty)."""
+    if U.shape[1] == 0 or W.shape[1] == 0:
+        return 0.0
+    return projection_overlap(U, W) / random_overlap(width, U.shape[1], W.shape[1])
+
+
+def ceiling(k, rank, width):
+    """The largest overlap ratio against a k-dimensional frame: 1 / chance (0 for an empty frame)."""
+    return 1.0 / random_overlap(width, min(rank, k), k) if k else 0.0
+
+
+def frame_change(steps, frames, mae, init, other_inits, frame_rank, width):
+    """The controls of probe 6 (manifold.DEFINITIONS "frame_change"): frames [(n, C)] of the snapshots in
+    order of step, init the frame F_0 at the run's initialisation, other_inits the frames of
+    initialisations of other seeds, mae the entropy MAE of each snapshot. The change D_s = F_s - F_0 is read
+    the authors' way: the overlap of its top directions with the span of D_last, as a multiple of chance."""
+    final = span_basis(frames[-1])                                    # (C, k) the final frame
+    init_basis = span_basis(init)
+    ratio = [overlap_ratio(span_basis(F - init, frame_rank), span_basis(frames[-1] - init), width) for F in frames]
+    plateau = first_step_staying(steps, np.asarray(ratio) >= 0.9 * ratio[-1]) if ratio[-1] > 0 else None
+    k = steps.index(plateau) if plateau is not None else None
+    proj = frames[-1] @ init_basis                                    # (n, r0) the final frame on F_0's span
+    return {"init_ratio": overlap_ratio(span_basis(init, frame_rank), final, width),
+            "other_init_ratio": [overlap_ratio(span_basis(F, frame_rank), final, width) for F in other_inits],
+            "final_energy_in_init_span": float((proj ** 2).sum() / (frames[-1] ** 2).sum()),
+            "chance_energy_in_init_span": init_basis.shape[1] / width,
+            "change_ratio_to_chance": ratio, "change_ratio_ceiling": ceiling(span_basis(frames[-1] - init).shape[1], frame_rank, width),
+            "change_plateau_step": plateau, "change_ratio_at_plateau": None if k is None else float(ratio[k]),
+            "entropy_mae_at_change_plateau_bits": None if k is None else float(mae[k]),
+            "calibration_gain_after_change_plateau": None if k is None or mae[-1] <= 0 else float(mae[k] / mae[-1])}
+
+
+def frame_precision(snaps, measure, frame, frame_rank, width, init=None, other_inits=(),
+                    settle_fraction=SETTLE_FRACTION):
     """Probe 6 over snapshots [(step, params)], in order of step; None with fewer than two.
     measure(params) -> (attention per layer, a dict of numbers with at least "entropy_mae_bits");
-    frame(params, rank) -> an orthonormal basis (C, r) of the authors' frame (rank None: the whole span);
-    width: C, the model width."""
+    frame(params) -> the authors' frame matrix F (n, C) (its span is the frame); width: C, the model width;
+    init: the run's initial parameters and other_inits those of other seeds (the frame_change controls)."""
     if len(snaps) < 2:
         return None
     last = snaps[-1][1]
     final = measure(last)[0]                                          # attention of the last snapshot
-    final_frame = frame(last, None)                                   # (C, k) the authors' final frame
-    steps, states, tv, to_final, overlap, prev = [], [], [], [], [], None
+    final_frame = span_basis(frame(last))                             # (C, k) the authors' final frame
+    steps, states, tv, to_final, overlap, frames, prev = [], [], [], [], [], [], None
     for step, params in snaps:
         alphas, state = measure(params)
-        overlap.append(projection_overlap(frame(params, frame_rank), final_frame))
+        frames.append(frame(params))
+        overlap.append(projection_overlap(span_basis(frames[-1], frame_rank), final_frame))
         if prev is not None:
             tv.append([attention_tv(a, b) for a, b in zip(prev, alphas)])  # (L,) per layer
         to_final.append([attention_tv(a, b) for a, b in zip(alphas, final)])
@@ -122,18 +165,20 @@ def frame_precision(snaps, measure, frame, frame_rank, width, settle_fraction=SE
     drop = log_mae[0] - log_mae[-1]
     precision_progress = (log_mae[0] - log_mae) / drop if drop != 0 else np.ones_like(log_mae)
     settle = lambda change: settling_step(steps, change, settle_fraction)
-    return {"steps": steps, **series,
-            "attention_tv_per_layer": tv.tolist(), "attention_tv_rate": frame_rate.tolist(),
-            "precision_rate": precision_rate.tolist(),
-            "attention_tv_to_final_per_layer": to_final.tolist(),
-            "frame_progress": frame_progress.tolist(), "precision_progress": precision_progress.tolist(),
-            "frame_settle_step": settle(frame_rate),
-            "frame_settle_step_per_layer": [settle(tv[:, l] / gaps) for l in range(tv.shape[1])],
-            "precision_settle_step": settle(precision_rate), "settle_fraction": settle_fraction,
-            "frame_90pct_step": first_step_staying(steps, frame_progress >= 0.9),
-            "precision_90pct_step": first_step_staying(steps, precision_progress >= 0.9),
-            "authors": authors_frame_precision(steps, overlap, series["entropy_mae_bits"],
-                                               random_overlap(width, min(frame_rank, final_frame.shape[1]),
-                                                              final_frame.shape[1]))}
-
-
+    out = {"steps": steps, **series,
+           "attention_tv_per_layer": tv.tolist(), "attention_tv_rate": frame_rate.tolist(),
+           "precision_rate": precision_rate.tolist(),
+           "attention_tv_to_final_per_layer": to_final.tolist(),
+           "frame_progress": frame_progress.tolist(), "precision_progress": precision_progress.tolist(),
+           "frame_settle_step": settle(frame_rate),
+           "frame_settle_step_per_layer": [settle(tv[:, l] / gaps) for l in range(tv.shape[1])],
+           "precision_settle_step": settle(precision_rate), "settle_fraction": settle_fraction,
+           "frame_90pct_step": first_step_staying(steps, frame_progress >= 0.9),
+           "precision_90pct_step": first_step_staying(steps, precision_progress >= 0.9),
+           "authors": authors_frame_precision(steps, overlap, series["entropy_mae_bits"],
+                                              random_overlap(width, min(frame_rank, final_frame.shape[1]),
+                                                             final_frame.shape[1]))}
+    if init is not None:
+        out["frame_change"] = frame_change(steps, frames, series["entropy_mae_bits"], frame(init),
+                                           [frame(p) for p in other_inits], frame_rank, width)
+    return out

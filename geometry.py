@@ -18,79 +18,17 @@ import sys  # noqa: E402
 
 import bayesattn as ba  # noqa: E402
 import formation  # noqa: E402
+import models  # noqa: E402
 import plots  # noqa: E402
-from checkpoints import load_checkpoint, plain, write_json  # noqa: E402
-from manifold import (AUTHORS_FRAME_RANK, GAUSSIAN_DRAWS, RANDOM_INIT_SEEDS, ablations, attention_probe,  # noqa: E402
-                      authors_key_frame, frame_basis, key_frame_probe, logit_lens, manifold_probe, probe_batch,
-                      snapshot_state, task_of, token_names)
+from checkpoints import load_checkpoint, plain, versions, write_json  # noqa: E402
+import verdicts  # noqa: E402
+from manifold import (AUTHORS_DEFINITIONS, AUTHORS_FRAME_RANK, AUTHORS_NUMBERS, DEFINITIONS,  # noqa: E402
+                      RANDOM_INIT_SEEDS, ablations, attention_probe, authors_key_frame, frame_matrix, key_frame_probe,
+                      logit_lens, manifold_probe, probe_batch, probe_settings, query_swap, snapshot_state, task_module,
+                      task_of, token_names)
 
 SNAPSHOT_SEQS = 200         # probe sequences per training snapshot (probe 6) ...
 SNAPSHOT_FLOATS = 2e7       # ... fewer if one snapshot's attention (n L NH T T floats) would exceed this
-
-
-DEFINITIONS = {
-    "key_frame": "layer 0, per head: key_tok = LN1(wte[tok] + p) @ W_K[:, head] + b_K[head], p = the mean "
-                 "positional term over the positions where tokens of that type occur ('ln'); 'ln_centred': the "
-                 "same minus its mean over the type's tokens (softmax ignores a shift shared by all keys); "
-                 "'authors': the authors' LN1(wte[tok]) @ W_K[:, head] (no position, no bias); 'value_ln': the value vectors "
-                 "LN1(wte[tok] + p) @ W_V[:, head] + b_V[head]. Statistic: mean |cosine| over off-diagonal "
-                 "token pairs, mean over heads. Baselines: the same recipe on init_params of the same config "
-                 f"(seeds {RANDOM_INIT_SEEDS}), and iid N(0, I_hs) vectors ({GAUSSIAN_DRAWS} draws). HMM "
-                 "probability tokens: those occurring in the probe headers. Welch bound: the least possible RMS "
-                 "off-diagonal cosine of n unit vectors in R^hs.",
-    "attention_entropy": "entropy (bits) of attention rows at supervised positions, mean over sequences and rows; "
-                         "uniform = log2(i + 1) at query position i (0-based); reduction = 1 - H / H_uniform.",
-    "consistent_mass": "bijection: at a key, the attention on the value positions right after earlier occurrences "
-                       "of the same key (they hold the answer) if the key repeats, else on every earlier value "
-                       "position (each holds an eliminated value); rows without such positions (the first key) "
-                       "are excluded. HMM: at observation o_t, the mass on the five header positions of "
-                       "E[s, o_t], s = 0..4 (the likelihood column of the current observation); "
-                       "observation_mass: on positions 52..t; transition_mass: on the T entries.",
-    "manifold": "PCA (centred, SVD) of the rows at supervised positions; Spearman of PC1 with the exact posterior "
-                "entropy; controls: Spearman with the position, mean within-position Spearman where H varies.",
-    "logit_lens": "final LayerNorm + unembedding applied to the residual stream before block 0 (embedding) and "
-                  "after every block; KL(posterior || lens) in bits.",
-    "ablations": "a head's output (before W_o, so b_o stays) set to zero via forward's head_mask; the hypothesis-"
-                 "frame head is the single head whose removal raises the KL most.",
-    "frame_precision": f"snapshots runs/<name>/snapshots/step_*.npz on the first {SNAPSHOT_SEQS} probe sequences "
-                       "(fewer for long sequences: see probe_sequences). Frame change = mean TV distance between "
-                       "attention rows (all query rows) of consecutive snapshots, per layer, divided by the steps "
-                       "between them. A series settles at the first snapshot step after which its per-step change "
-                       f"stays below {formation.SETTLE_FRACTION:g} x its maximum; frame series = mean over layers, precision "
-                       "series = |change of log10 entropy MAE| per step. Second rule (90pct): progress from the "
-                       "first to the last snapshot (frame: 1 - TV to the last attention / the same at the first "
-                       "snapshot; precision: fraction of the log10 entropy-MAE drop) stays >= 0.9 from then on.",
-}
-
-
-AUTHORS_DEFINITIONS = {
-    "key_frame": "layer 0, each head separately: key_h = LN1(wte[h]) @ W_K[:, head] for the hypothesis tokens h "
-                 "(bijection: the value tokens; sawtooth: all V tokens; HMM: the 5 observation tokens), no "
-                 "positional term and no bias b_K; statistic: mean |off-diagonal cosine| per head; beside it the "
-                 f"same at random initialisation (init_params, seeds {RANDOM_INIT_SEEDS}) and the Welch bound on "
-                 "the RMS cosine (orthogonality needs head size >= number of hypotheses).",
-    "manifold": "the final hidden state after the final LayerNorm at the positions that predict a value (the "
-                "sawtooth's query left out); centred PCA; Pearson r of PC1..PC5 with H_Bayes (best |r|); R^2 of "
-                "the least-squares fit of H_Bayes on the top 5 PC scores (in sample); PC1's share of the "
-                "variance. Controls (ours): R^2 of H_Bayes on the position alone, and the mean within-position "
-                "R^2 of the same fit over positions where H_Bayes varies.",
-    "frame_head": "the single head (any layer) whose zero-ablation raises the paper's entropy MAE most, and the "
-                  "ratio of its increase to the second-largest.",
-    "frame_precision": "frame = span of LN1(wte[h]) over the hypotheses (the authors' 'embedding' frame) of each "
-                       f"snapshot, its top {AUTHORS_FRAME_RANK} directions; overlap with the last snapshot's "
-                       "whole frame W = ||U^T W||_F^2 / min(rank U, rank W); ratio to chance = overlap / "
-                       "the expected overlap of a uniformly random subspace of the same rank (rank W / C). The "
-                       "authors compare their Jacobian-lens subspaces (not computed here) with the final frame "
-                       "the same way. Plateau: the first snapshot from which the ratio stays >= 90% of its last "
-                       "value; calibration gain after it: entropy MAE at the plateau / at the last snapshot.",
-}
-AUTHORS_NUMBERS = {   # what the authors report (shared/PAPERS.md), for the side-by-side table
-    "key_frame": "their checkpoint (format a, head size 32): 0.43-0.49 trained, 0.13-0.17 at random init",
-    "manifold": "PC1 above 80% of the variance expected; strong |r| with H_Bayes",
-    "frame_head": "removing layer 0 or a single hypothesis-frame head collapses calibration",
-    "frame_precision": "2.3x chance by step 300, a plateau near 6x by step 2,500, while calibration improves "
-                       "about 40x (0.03 -> 0.0008 bits)",
-}
 
 
 def analyze(checkpoint_path, fig_dir=None, n_seqs=500, seed=0, threads=1):
@@ -108,9 +46,11 @@ def analyze(checkpoint_path, fig_dir=None, n_seqs=500, seed=0, threads=1):
 
 def _analyze(checkpoint_path, fig_dir, n_seqs, seed):
     params, cfg, meta, _ = load_checkpoint(checkpoint_path)
-    if not isinstance(cfg, ba.Config):
-        raise ValueError(f"{checkpoint_path!r} is not a transformer checkpoint")
+    if not getattr(models.module(meta["model"]), "PROBES", False):
+        raise ValueError(f"{checkpoint_path!r} holds a {meta['model']!r}; the geometry probes read a transformer's "
+                         f"attention, which that family does not have")
     task = task_of(cfg, meta)
+    task_module(task)                                   # one line if the task lacks a hook the probes read
     run_dir = os.path.dirname(os.path.abspath(checkpoint_path))
     run = os.path.basename(run_dir)
     title = f"{run} ({task})"
@@ -118,22 +58,27 @@ def _analyze(checkpoint_path, fig_dir, n_seqs, seed):
     os.makedirs(fig_dir, exist_ok=True)
     fig = lambda name: os.path.join(fig_dir, f"geometry_{run}_{name}.png")
 
-    batch = probe_batch(task, cfg, n_seqs, seed)
+    settings = probe_settings(task, cfg, meta)
+    batch = probe_batch(task, cfg, n_seqs, seed, settings)
     _, cache = ba.forward(params, batch["tokens"], cfg)
 
     frame, matrices = key_frame_probe(params, cfg, task, batch["tokens"])
     att = attention_probe(cache, batch, task, cfg)
-    man, xy = manifold_probe(cache, batch)
+    att["query_swap"] = query_swap(params, cfg, batch, task, seed=seed)
+    man, xy = manifold_probe(cache, batch, task)
     lens = logit_lens(params, cache, batch)
-    abl = ablations(params, cfg, batch)
+    abl = ablations(params, cfg, batch, clean=cache)
     T = batch["tokens"].shape[1]
     n_snap = min(SNAPSHOT_SEQS, max(16, int(SNAPSHOT_FLOATS / (cfg.n_layers * cfg.n_heads * T * T))))
     small = {k: v[:n_snap] for k, v in batch.items()}
     snaps = [(step, load_checkpoint(path)[0]) for step, path in formation.snapshot_paths(run_dir)]
+    init = models.init_params(meta["model"], cfg, meta.get("seed", 0))      # the run's own initialisation
     fp = formation.frame_precision(snaps, lambda p: snapshot_state(p, cfg, small, task),
-                                   lambda p, rank: frame_basis(p, task, cfg, rank), AUTHORS_FRAME_RANK, cfg.d_model)
+                                   lambda p: frame_matrix(p, task, cfg), AUTHORS_FRAME_RANK, cfg.d_model, init=init,
+                                   other_inits=[models.init_params(meta["model"], cfg, s) for s in RANDOM_INIT_SEEDS])
     if fp is not None:
         fp["probe_sequences"] = n_snap
+        fp["init_seed"] = meta.get("seed", 0)
 
     figures = [plots.plot_key_frame(frame, matrices, cfg, title, fig("key_frame")),
                plots.plot_attention_maps(cache, batch["tokens"][0], token_names(task, cfg, batch["tokens"][0]),
@@ -149,19 +94,22 @@ def _analyze(checkpoint_path, fig_dir, n_seqs, seed):
     authors = {"key_frame": authors_key_frame(params, cfg, task), "manifold": man["authors"],
                "frame_head": abl["authors_frame_head"], "frame_precision": fp["authors"] if fp else None}
     out = plain({
-        "checkpoint": os.path.abspath(checkpoint_path), "task": task,
+        "checkpoint": os.path.abspath(checkpoint_path), "task": task, "settings": settings,
         "step": meta.get("step"), "config": cfg.to_dict(), "probe_sequences": n_seqs, "probe_seed": seed,
+        "versions": versions(),
         "authors": authors, "authors_definitions": AUTHORS_DEFINITIONS, "authors_numbers": AUTHORS_NUMBERS,
         "definitions": DEFINITIONS,
         "key_frame": frame, "attention": att, "manifold": man, "logit_lens": lens, "ablations": abl,
         "frame_precision": fp, "figures": figures})
+    out["verdicts"] = plain(verdicts.judge(out))
     write_json(os.path.join(run_dir, "geometry.json"), out)
     return out
 
 
 def summary(g):
-    """A few lines for the terminal: the authors' definitions first, then ours."""
-    a, lines = g["authors"], ["the authors' definitions:"]
+    """A few lines for the terminal: the verdicts, the authors' definitions, then ours."""
+    a, lines = g["authors"], ["verdicts (rules and controls in geometry.json, under verdicts):",
+                              *("  " + v for v in verdicts.lines(g["verdicts"])), "the authors' definitions:"]
     k = a["key_frame"]
     lines.append(f"  layer-0 keys of the {k['hypotheses']} hypotheses, mean|cos| per head "
                  f"{', '.join(f'{c:.3f}' for c in k['per_head'])} (random init {k['random_init_mean']:.3f}; "
@@ -214,17 +162,27 @@ def main(argv=None):
         print(f"geometry.py: error: {msg}", file=sys.stderr)
         sys.exit(2)
     p.error = fail
-    p.add_argument("checkpoint", help="runs/<name>/checkpoint.npz")
+    p.add_argument("checkpoint", nargs="?", help="runs/<name>/checkpoint.npz")
+    p.add_argument("--definitions", action="store_true", help="print every probe's and control's definition, "
+                   "and the verdicts' rules, then exit")
     p.add_argument("--figures", help="where the geometry_*.png figures go (default: the run directory)")
     p.add_argument("--n-seqs", type=int, default=500, help="held-out probe sequences")
     p.add_argument("--seed", type=int, default=0, help="seed of the probe sequences")
     args = p.parse_args(argv)
+    if args.definitions:
+        for title, d in (("ours", DEFINITIONS), ("the authors'", AUTHORS_DEFINITIONS), ("verdict rules", verdicts.RULES)):
+            print(f"# {title}")
+            for k, v in d.items():
+                print(f"{k}: {v}")
+        return None
+    if args.checkpoint is None:
+        p.error("give a checkpoint (runs/<name>/checkpoint.npz), or --definitions")
     if args.n_seqs < 2:
         p.error(f"--n-seqs {args.n_seqs}: must be at least 2")
     import kernels
-    kernels.enable()                                 # the fast path (the same numbers as the NumPy one)
     try:
-        g = analyze(args.checkpoint, args.figures, args.n_seqs, args.seed)
+        with kernels.enabled():                      # the fast path (its numbers: the README says how close)
+            g = analyze(args.checkpoint, args.figures, args.n_seqs, args.seed)
     except ValueError as e:
         p.error(str(e))
     except OSError as e:

@@ -4,8 +4,8 @@ Numba loops for the ops NumPy runs slowly (LayerNorm, GELU, softmax, the causal 
 E-step/M-step backward, softmax + cross-entropy, the embedding's scatter-add), and the matrix
 products of the linear layer split by rows over threads. Each twin computes what its NumPy op's
 docstring says; test_bayesattn.py checks every pair against each other and by finite differences.
-`enable()` switches the models to these twins (train.py does, unless --kernels numpy); `disable()`
-switches back to the NumPy path. What each trick buys is measured by `python bench.py`
+`with enabled():` runs the models on these twins inside the block (train.py does, unless --kernels
+numpy) and restores the switch after it. What each trick buys is measured by `python bench.py`
 (PERFORMANCE.md); none of it changes a formula.
 
 Numba conventions: @njit(cache=True); parallel kernels have exactly one prange loop, over an axis
@@ -32,14 +32,9 @@ TWINS = ("embedding_backward", "linear_forward", "linear_backward", "layernorm_f
          "gelu_forward", "gelu_backward", "softmax", "cross_entropy", "attention_forward", "attention_backward")
 
 
-def enable():
-    """Every op with a twin here runs the twin (the fast path)."""
-    layers.FAST.update({name: globals()[name] for name in TWINS})
-
-
-def disable():
-    """Every op runs its NumPy code (the readable path)."""
-    layers.FAST.clear()
+def enabled():
+    """A context: within it every op with a twin here runs the twin (the fast path); after it, what ran before."""
+    return layers.use_twins({name: globals()[name] for name in TWINS})
 
 
 # ----------------------------------------------------------------------------
@@ -132,8 +127,9 @@ def scatter_add_kernel(rows, idx, V):
 
 
 
-def embedding_backward(dx, tokens, V):
+def embedding_backward(dx, cache):
     """Twin of layers.embedding_backward: the scatter-add in one pass (np.add.at is slow on many rows)."""
+    tokens, V = cache
     C = dx.shape[-1]
     idx = np.ascontiguousarray(np.asarray(tokens).reshape(-1))
     if idx.size and (idx.min() < 0 or idx.max() >= V):      # the kernel does not bounds-check
@@ -198,11 +194,12 @@ def linear_forward(x, w, b):
     """Twin of layers.linear_forward."""
     out = matmul(np.ascontiguousarray(x.reshape(-1, w.shape[0])), w)
     out += b
-    return out.reshape(x.shape[:-1] + (w.shape[1],)), x
+    return out.reshape(x.shape[:-1] + (w.shape[1],)), (x, w)
 
 
-def linear_backward(dout, x, w):
+def linear_backward(dout, cache):
     """Twin of layers.linear_backward."""
+    x, w = cache
     Cin, Cout = w.shape
     x2 = np.ascontiguousarray(x.reshape(-1, Cin))
     d2 = np.ascontiguousarray(dout.reshape(-1, Cout))
@@ -342,8 +339,9 @@ def gelu_forward(x):
     return run_kernel(gelu_forward_kernel, x2.size, 1.5, x2).reshape(x.shape), x
 
 
-def gelu_backward(dy, x):
+def gelu_backward(dy, cache):
     """Twin of layers.gelu_backward."""
+    x = cache
     x2 = np.ascontiguousarray(x.reshape(-1, x.shape[-1]))
     dy2 = np.ascontiguousarray(dy.reshape(x2.shape))
     return run_kernel(gelu_backward_kernel, x2.size, 1.6, dy2, x2).reshape(dy.shape)
@@ -390,7 +388,7 @@ def attention_forward_kernel(q, k, v):
     matrix products (BLAS) around a causal softmax that never touches j > i."""
     B, NH, T, hs = q.shape
     f = q.dtype.type
-    o = np.empty_like(q)
+    o = np.empty((B, NH, T, v.shape[3]), dtype=q.dtype)   # the values may be wider than the keys (onehead.py)
     alpha = np.empty((B, NH, T, T), dtype=q.dtype)
     scale = f(1.0 / math.sqrt(hs))
     for bh in prange(B * NH):
@@ -417,8 +415,10 @@ def attention_forward_kernel(q, k, v):
 
 @njit(cache=True, parallel=True, fastmath=FASTMATH)
 def attention_backward_kernel(u, alpha, q, k, v):
-    """bayesattn.attention_backward as loops (the E-step and M-step fused). Each (batch, head) owns its dq, dk, dv."""
+    """bayesattn.attention_backward as loops (the E-step and M-step fused). Each (batch, head) owns its dq, dk, dv.
+    q, k (B, NH, T, hs); v, u (B, NH, T, hv): the values may be wider than the keys (onehead.py)."""
     B, NH, T, hs = q.shape
+    hv = v.shape[3]
     f = q.dtype.type
     dq = np.empty_like(q)
     dk = np.empty_like(k)
@@ -430,6 +430,7 @@ def attention_backward_kernel(u, alpha, q, k, v):
             for c in range(hs):
                 dq[bb, h, t, c] = f(0)
                 dk[bb, h, t, c] = f(0)
+            for c in range(hv):
                 dv[bb, h, t, c] = f(0)
         b = np.empty(T, dtype=q.dtype)
         for i in range(T):
@@ -437,15 +438,16 @@ def attention_backward_kernel(u, alpha, q, k, v):
             b_bar = f(0)
             for j in range(i + 1):
                 bij = f(0)
-                for c in range(hs):
+                for c in range(hv):
                     bij += u[bb, h, i, c] * v[bb, h, j, c]
                 b[j] = bij
                 b_bar += alpha[bb, h, i, j] * bij
             for j in range(i + 1):
                 a = alpha[bb, h, i, j]
                 ds = a * (b[j] - b_bar)                     # E-step: advantage routing law
-                for c in range(hs):
+                for c in range(hv):
                     dv[bb, h, j, c] += a * u[bb, h, i, c]   # M-step: dv_j += alpha_ij u_i
+                for c in range(hs):
                     dq[bb, h, i, c] += ds * k[bb, h, j, c] * scale   # dq_i += ds_ij k_j / sqrt(hs)
                     dk[bb, h, j, c] += ds * q[bb, h, i, c] * scale   # dk_j += ds_ij q_i / sqrt(hs)
     return dq, dk, dv

@@ -4,18 +4,19 @@ Notation
     B  batch size     T  sequence length     C  width (channels)     K  output classes
     N  rows (B * T) of a flattened activation
 
-Gradient convention: every `*_backward` returns FRESH arrays (nothing is accumulated into
-buffers); a forward returns (out, cache) and its backward takes (dout, cache).
+Gradient convention, for every op of the project: a forward returns (out, cache), its backward takes
+(dout, cache) with exactly that cache and returns FRESH arrays (nothing is accumulated into buffers):
+the gradient of each input, in the order of the forward's arguments.
 
 The ops below are the readable path: plain NumPy, written from the equations in their docstrings.
 An op marked `@twin` has a twin of the same name and signature in kernels.py (Numba loops,
 threaded matrix products), tested against it. Which one runs is the one switch of the project:
 
-    FAST = {}            empty: every op runs as written here (what you read is what runs)
-    kernels.enable()     fills FAST with the twins: the fast path, which train.py uses by default
-                         (train.py --kernels numpy keeps this path)
+    FAST = {}                     empty: every op runs as written here (what you read is what runs)
+    with kernels.enabled(): ...   inside the block, every op runs its twin (the fast path, which
+                                  train.py takes unless --kernels numpy); after it, what ran before
 
-A twin is reached as op.numpy (this code) and op.fast (kernels.py) by the tests.
+The tests reach this code as op.numpy and the twin as kernels.<name>.
 """
 
 import os
@@ -25,6 +26,7 @@ import os
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
+import contextlib  # noqa: E402
 import functools  # noqa: E402
 import math  # noqa: E402
 
@@ -48,6 +50,20 @@ def twin(numpy_op):
     return op
 
 
+@contextlib.contextmanager
+def use_twins(twins):
+    """Within the block, the ops named in twins (name -> function) run those functions and every other op
+    its NumPy code; after it (also after an exception) the switch is what it was before."""
+    before = dict(FAST)
+    FAST.clear()
+    FAST.update(twins)
+    try:
+        yield
+    finally:
+        FAST.clear()
+        FAST.update(before)
+
+
 def bits(nats):
     """Convert nats to bits."""
     return nats / math.log(2.0)
@@ -57,15 +73,17 @@ def bits(nats):
 # embedding: x = wte[tokens] + wpe (a token table and a positional table)
 
 def embedding_forward(wte, wpe, tokens):
-    """tokens (B, T) int, wte (V, C), wpe (T', C), T' >= T -> x (B, T, C) = wte[tokens] + wpe[:T], cache tokens."""
+    """tokens (B, T) int, wte (vocab, C), wpe (T', C), T' >= T -> x (B, T, C) = wte[tokens] + wpe[:T],
+    cache (tokens, vocab)."""
     T = tokens.shape[1]
-    return wte[tokens] + wpe[None, :T], tokens
+    return wte[tokens] + wpe[None, :T], (tokens, wte.shape[0])
 
 
 @twin
-def embedding_backward(dx, tokens, V):
-    """dx (B, T, C) -> dwte (V, C), dwpe (T, C). Forward was x = wte[tokens] + wpe, so every row of dx
+def embedding_backward(dx, cache):
+    """dx (B, T, C) -> dwte (vocab, C), dwpe (T, C). Forward was x = wte[tokens] + wpe, so every row of dx
     adds into the row of wte its token picked (rows that share a token add up), and dwpe sums over B."""
+    tokens, V = cache
     tokens = np.asarray(tokens)
     if tokens.size and (tokens.min() < 0 or tokens.max() >= V):
         raise ValueError(f"token ids must lie in 0..{V - 1}, got {tokens.min()}..{tokens.max()}")
@@ -79,13 +97,14 @@ def embedding_backward(dx, tokens, V):
 
 @twin
 def linear_forward(x, w, b):
-    """x (..., Cin), w (Cin, Cout), b (Cout,) -> out = x @ w + b (..., Cout), cache x."""
-    return x @ w + b, x
+    """x (..., Cin), w (Cin, Cout), b (Cout,) -> out = x @ w + b (..., Cout), cache (x, w)."""
+    return x @ w + b, (x, w)
 
 
 @twin
-def linear_backward(dout, x, w):
+def linear_backward(dout, cache):
     """Forward was out = x @ w + b, so dx = dout @ w^T, dw = x^T dout (summed over every row), db = sum dout."""
+    x, w = cache
     Cin, Cout = w.shape
     x2, d2 = x.reshape(-1, Cin), dout.reshape(-1, Cout)           # (N, Cin), (N, Cout)
     return dout @ w.T, x2.T @ d2, d2.sum(axis=0)
@@ -129,8 +148,9 @@ def gelu_forward(x):
 
 
 @twin
-def gelu_backward(dy, x):
-    """dy/dx = 0.5 (1 + tanh z) + 0.5 x (1 - tanh^2 z) dz/dx,  dz/dx = c (1 + 3 * 0.044715 x^2)."""
+def gelu_backward(dy, cache):
+    """cache = x. dy/dx = 0.5 (1 + tanh z) + 0.5 x (1 - tanh^2 z) dz/dx,  dz/dx = c (1 + 3 * 0.044715 x^2)."""
+    x = cache
     t = np.tanh(GELU_C * (x + 0.044715 * x ** 3))
     dz = GELU_C * (1.0 + 3 * 0.044715 * x ** 2)
     return dy * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * dz)
@@ -165,6 +185,6 @@ def cross_entropy(logits, targets, mask):
     wsum = max(float(w.sum()), 1e-12)
     z = logits - logits.max(axis=-1, keepdims=True)
     logp = z - np.log(np.exp(z).sum(axis=-1, keepdims=True))       # log softmax
-    loss = -(w * targets * logp).sum() / wsum
+    loss = -(w * targets * np.where((targets > 0) & (w > 0), logp, 0.0)).sum() / wsum   # 0 log 0 = 0 (a -inf logit)
     dlogits = w * (np.exp(logp) * targets.sum(-1, keepdims=True) - targets) / wsum
     return float(loss), dlogits.astype(logits.dtype)

@@ -1,23 +1,34 @@
-"""The geometry of Bayesian attention (Paper I): six probes of a trained wind-tunnel transformer, each a
-function from a model's parameters and activations to numbers. geometry.py runs them on a checkpoint.
+"""The geometry of Bayesian attention (Paper I): the probes of a trained wind-tunnel transformer, each a
+function from a model's parameters and activations to numbers, and beside every headline statistic the
+controls that could carry it instead of the claim. geometry.py runs them on a checkpoint; DEFINITIONS
+below is the one place where every probe and control is defined (geometry.json carries it).
 
-The probes (shared/PAPERS.md, "What the trained transformer shows"):
+The claims and their probes:
   1. key_frame        stage 1: layer-0 keys of the hypothesis tokens are near-orthogonal
+                      controls: random initialisation, the keys' shared offset, their participation ratio
   2. attention_probe  stage 2: attention entropy falls layer by layer, mass moves onto the evidence
-  3. manifold_stats   stage 3: late representations lie on a curve ordered by posterior entropy
+     query_swap       controls: mass on a sink (position 0), the rows it carries, and how much a row moves
+                      when only its query changes against how much rows of different sequences differ
+  3. manifold_probe   stage 3: late representations lie on a curve ordered by posterior entropy
+                      controls: the per-position norm (one position can hold PC1), unit rows, the rows
+                      where H_Bayes is graded against a binary split, and cross-validated linear readouts
+                      of H_Bayes from the representation, from the position alone and from the split alone
   4. logit_lens       the belief is refined layer by layer in the residual stream
-  5. ablations        zeroing one head or one layer's attention, and what it costs in bits
-  6. frame_precision  across training snapshots: the attention frame settles before the calibration
+  5. ablations        removing one head (by zero, the mean at each position, the overall mean, or another
+                      sequence's output), scored by KL and by the paper metric
+  6. formation.py     across training snapshots: the frame settles before the calibration; controls: the
+                      initialisation's overlap with the final frame, and the overlap of the change since it
 
-Notation: n sequences, T tokens per sequence, P supervised positions per sequence, C width,
-NH heads, hs = C / NH head size, L layers, K output classes, V keys (= values) of the bijection.
-Entropies, KL divergences and calibration errors are in bits. Every probe reads held-out
-sequences drawn from default_rng((PROBE_SEED, seed)), a stream training never uses.
+Notation: n sequences, T tokens per sequence, P answer positions per sequence (cols), C width, NH heads,
+hs = C / NH head size, L layers, K output classes, N = n P rows. Entropies, KL divergences and calibration
+errors are in bits. Every probe reads held-out sequences drawn from default_rng((PROBE_SEED, seed)), a
+stream training never uses. What a task contributes (its hypothesis tokens, evidence positions, the rows
+where H_Bayes is graded, the query swap) comes from its module (tasks.TASKS, PROBE_HOOKS).
 """
 
 import os
 
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # see bayesattn.py: BLAS threads fight Numba's
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # see layers.py: BLAS threads fight Numba's
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
 import math  # noqa: E402
@@ -26,15 +37,143 @@ import numpy as np  # noqa: E402
 from scipy.stats import spearmanr  # noqa: E402
 
 import bayesattn as ba  # noqa: E402
+import layers as ly  # noqa: E402
+import tasks  # noqa: E402
 import windtunnels as wt  # noqa: E402
-from evaluation import calibration as _calibration, scored_columns  # noqa: E402
+from evaluation import answers, calibration as _calibration  # noqa: E402
 
 PROBE_SEED = 2_000_003      # held-out stream of the probes (training draws default_rng((seed, step)))
-HMM_K = 20                  # observations per HMM probe sequence (the training length)
-RANDOM_INIT_SEEDS = (101, 102, 103, 104, 105)  # untrained baselines of the key frame
+RANDOM_INIT_SEEDS = (101, 102, 103, 104, 105)  # untrained baselines of the key frame and the frame overlap
 GAUSSIAN_DRAWS = 50         # draws of random Gaussian vectors for the key-frame baseline
-N_PROB = wt.HMM_S * wt.HMM_S  # HMM header: T (N_PROB tokens) SEP E (N_PROB tokens) SEP
-E_START = N_PROB + 1        # position of E[0, 0]; E[s, o] sits at E_START + S s + o
+AUTHORS_FRAME_RANK = 8      # the snapshot side of the frame overlap: its top 8 directions (the authors' rank)
+DOMINANCE = 5.0             # a position, token or head dominates when its share is > 5x the median share
+SINK_MASS = 0.5             # a sink row puts more than half its attention on position 0
+SWAP_SEQS = 200             # probe sequences of the query swap
+READOUT_FOLDS = 5           # cross-validated readouts: folds split by sequence
+READOUT_RIDGE = 1e-3        # ridge of the readouts, relative to the mean eigenvalue of X^T X
+ABLATIONS = ("zero", "position_mean", "mean", "resample")
+PROBE_HOOKS = ("hypothesis_tokens", "token_groups", "token_names", "evidence_masks", "row_split", "graded_rows",
+               "swap_query")
+
+
+DEFINITIONS = {
+    # --- the data
+    "probe_data": "n held-out sequences of the run's task and settings from default_rng((PROBE_SEED, seed)); the "
+                  "answer rows are every supervised position but those scored apart (the sawtooth's final "
+                  "query), the same positions in every row.",
+    "dominance": f"a position (token, head) dominates a statistic when its value (a mean row norm, a share) is "
+                 f"more than {DOMINANCE:g}x the median over positions (tokens, heads); the statistic is then "
+                 f"also reported without it.",
+    # --- stage 1
+    "key_frame": "layer 0, per head: key_tok = LN1(wte[tok] + p) @ W_K[:, head] + b_K[head], p = the mean "
+                 "positional term over the positions where tokens of that type occur ('ln'); 'ln_centred': the "
+                 "same minus its mean over the type's tokens (softmax ignores a shift shared by all keys); "
+                 "'authors': LN1(wte[tok]) @ W_K[:, head] (no position, no bias); 'value_ln': the value vectors "
+                 "LN1(wte[tok] + p) @ W_V[:, head] + b_V[head]. Statistic: mean |cosine| over off-diagonal "
+                 "token pairs, mean over heads. Baselines: the same recipe on init_params of the same config "
+                 f"(seeds {RANDOM_INIT_SEEDS}), and iid N(0, I_hs) vectors ({GAUSSIAN_DRAWS} draws). Welch bound: "
+                 "the least possible RMS off-diagonal cosine of n unit vectors in R^hs.",
+    "key_offset": "per head, offset_norm = |mean of the keys over the type's tokens|, deviation_norm = mean over "
+                  "tokens of |key - that mean|; an offset much larger than the deviations makes every cosine "
+                  "near 1 whatever the deviations do ('ln_centred' removes it).",
+    "participation_ratio": "(sum lambda)^2 / sum lambda^2 of the eigenvalues of the keys' Gram matrix (uncentred "
+                           "and centred over tokens), per head: the number of directions the keys effectively "
+                           "span (n for n orthogonal keys of equal norm, 1 for keys on a line).",
+    # --- stage 2
+    "attention_entropy": "entropy (bits) of attention rows at the answer rows, mean over sequences and rows; "
+                         "uniform = log2(t + 1) at query position t (0-based); reduction = 1 - H / H_uniform.",
+    "consistent_mass": "the attention mass on the evidence positions of each answer row (the task's "
+                       "evidence_masks): bijection and sawtooth: the value after an earlier occurrence of the key "
+                       "if it repeats, else every earlier value; HMM: the five header entries E[s, o_t] of the "
+                       "current observation. Rows without evidence positions are left out.",
+    "sink": f"position 0. sink_mass: mean attention on it over the answer rows with t > 0 (row 0 has no choice); "
+            f"a sink row puts more than {SINK_MASS:g} of its mass there; sink_row_share: the share of head-rows "
+            f"that are sink rows; sink_share_of_entropy_drop: the sink rows' share of sum (H_uniform - H); "
+            f"entropy_reduction_without_sink_rows: the reduction over the other rows.",
+    "query_swap": f"on {SWAP_SEQS} probe sequences, for each answer position t > 0: the token at t is replaced "
+                  "by another of the same standing (bijection/sawtooth: another key not seen before t for a new "
+                  "key, another seen key for a seen one; HMM: another observation symbol), the prefix up to t is "
+                  "run again, and the attention row at t compared with the original by total variation (TV = "
+                  "1/2 sum |a - b|), per layer and head. Against it: the TV between the rows at t of two "
+                  "different sequences (each with the next). ratio = swap TV / between-sequence TV: near 0, "
+                  "the row does not depend on the query (a fixed preference); near 1, as much as on the sequence.",
+    "monotone": "entropy reduction non-decreasing from each layer to the next.",
+    # --- stage 3
+    "manifold": "PCA (centred, SVD) of the rows at the answer positions; Spearman of PC1 with the exact posterior "
+                "entropy; controls: Spearman with the position, the mean within-position Spearman over the "
+                "positions where H varies.",
+    "position_norm": "mean |row| of the representation at each answer position; pc1_variance_without_dominant: "
+                     "PC1's share refit without the dominating positions (see dominance); pc1_variance_unit_rows: "
+                     "PC1's share with every row scaled to norm 1.",
+    "graded_rows": "the rows where H_Bayes is graded rather than fixed by a binary split (the task's graded_rows): "
+                   "the sawtooth's new keys (H = log2(V - m)); every row of the bijection and the HMM. "
+                   "within_position_spearman_graded: the within-position Spearman(PC1, H) on those rows only "
+                   "(PC1 of all rows); graded_refit: the PCA refit on those rows.",
+    "split": "the task's binary split of the rows (row_split; the sawtooth: key seen before, H = 0, or new), "
+             "Spearman(PC1, split), and within_position_r2_h_by_split: the mean over positions of the R^2 of "
+             "H_Bayes on the split alone (in sample).",
+    "readout": f"held-out R^2 of a ridge readout H_Bayes ~ X w + c (ridge {READOUT_RIDGE:g} x the mean eigenvalue of "
+               f"the centred X^T X), {READOUT_FOLDS} folds split by sequence (sequence i in fold i mod "
+               f"{READOUT_FOLDS}); R^2 = 1 - sum (H - H_pred)^2 / sum (H - mean H) over every row, each predicted "
+               "by the fit without its sequence. Per layer: the residual stream entering block 0 (the "
+               "embedding), after each block, and after the final LayerNorm. Beside it, the same readout from "
+               "the position alone (one-hot), from the split alone, and from both; each on all rows and on the "
+               "graded rows.",
+    # --- probe 4
+    "logit_lens": "final LayerNorm + unembedding applied to the residual stream before block 0 (embedding) and "
+                  "after every block; KL(posterior || lens) in bits.",
+    # --- probe 5
+    "ablations": "a head's output (before W_o, so b_o stays) replaced, one head (or one layer's heads) at a time: "
+                 "'zero'; 'position_mean': its mean over the probe sequences at each position; 'mean': its mean "
+                 "over sequences and positions; 'resample': the output of the next probe sequence (a derangement). "
+                 "Each scored by the KL and by the paper metric (entropy MAE), and their changes. uniform_kl_bits: "
+                 "the KL of a uniform guess on the same rows (= log2 K - mean H_Bayes). heads_above_uniform: the "
+                 "heads whose removal costs more KL than that guess.",
+    # --- probe 6
+    "frame_precision": "snapshots runs/<name>/snapshots/step_*.npz. Ours: attention rows of consecutive snapshots "
+                       "(TV per step) against |change of log10 entropy MAE| per step; a series settles at the first "
+                       "snapshot after which its change stays below a tenth of its maximum. 90pct: the first "
+                       "snapshot after which progress from the first to the last snapshot stays >= 0.9.",
+    "frame_change": "F = LN1(wte[h]) over the hypothesis tokens h (n, C); F_0 the same at the run's initialisation "
+                    "(init_params rebuilt from the checkpoint's config and seed). The change D_s = F_s - F_0. "
+                    f"Overlap of the top {AUTHORS_FRAME_RANK} right singular directions of D_s with the span of D_last, "
+                    "as a multiple of a random subspace's (projection overlap, as the authors'); plateau and "
+                    "calibration gain as the authors' reading. init_ratio: the authors' overlap of F_0 itself with "
+                    "the final frame; other_init_ratio: the same for initialisations of other seeds; "
+                    "final_energy_in_init_span: |F_last projected on span F_0|^2 / |F_last|^2 (chance: rank / C).",
+    # --- the verdicts
+    "verdicts": "geometry.verdicts: each claim's headline beside its controls and the rule that decides it "
+                "(written with each verdict).",
+}
+
+AUTHORS_DEFINITIONS = {
+    "key_frame": "layer 0, each head separately: key_h = LN1(wte[h]) @ W_K[:, head] for the hypothesis tokens h "
+                 "(bijection: the value tokens; sawtooth: all V tokens; HMM: the 5 observation tokens), no "
+                 "positional term and no bias b_K; statistic: mean |off-diagonal cosine| per head; beside it the "
+                 f"same at random initialisation (init_params, seeds {RANDOM_INIT_SEEDS}) and the Welch bound on "
+                 "the RMS cosine (orthogonality needs head size >= number of hypotheses).",
+    "manifold": "the final hidden state after the final LayerNorm at the positions that predict a value (the "
+                "sawtooth's query left out); centred PCA; Pearson r of PC1..PC5 with H_Bayes (best |r|); R^2 of "
+                "the least-squares fit of H_Bayes on the top 5 PC scores (in sample); PC1's share of the "
+                "variance. Controls (ours): R^2 of H_Bayes on the position alone, and the mean within-position "
+                "R^2 of the same fit over positions where H_Bayes varies, also on the graded rows only.",
+    "frame_head": "the single head (any layer) whose zero-ablation raises the paper's entropy MAE most, and the "
+                  "ratio of its increase to the second-largest.",
+    "frame_precision": "frame = span of LN1(wte[h]) over the hypotheses (the authors' 'embedding' frame) of each "
+                       f"snapshot, its top {AUTHORS_FRAME_RANK} directions; overlap with the last snapshot's "
+                       "whole frame W = ||U^T W||_F^2 / min(rank U, rank W); ratio to chance = overlap / "
+                       "the expected overlap of a uniformly random subspace of the same rank (rank W / C). The "
+                       "authors compare their Jacobian-lens subspaces (not computed here) with the final frame "
+                       "the same way. Plateau: the first snapshot from which the ratio stays >= 90% of its last "
+                       "value; calibration gain after it: entropy MAE at the plateau / at the last snapshot.",
+}
+AUTHORS_NUMBERS = {   # what the authors report, for the side-by-side table
+    "key_frame": "their checkpoint (format a, head size 32): 0.43-0.49 trained, 0.13-0.17 at random init",
+    "manifold": "PC1 above 80% of the variance expected; strong |r| with H_Bayes",
+    "frame_head": "removing layer 0 or a single hypothesis-frame head collapses calibration",
+    "frame_precision": "2.3x chance by step 300, a plateau near 6x by step 2,500, while calibration improves "
+                       "about 40x (0.03 -> 0.0008 bits)",
+}
 
 
 # ----------------------------------------------------------------------------
@@ -42,41 +181,52 @@ E_START = N_PROB + 1        # position of E[0, 0]; E[s, o] sits at E_START + S s
 
 def task_of(cfg, meta):
     """-> the task of a checkpoint, from its meta (older checkpoints: from the vocabulary)."""
-    task = meta.get("task") or ("hmm" if cfg.vocab_size == wt.HMM_VOCAB else "bijection")
-    if task not in ("bijection", "sawtooth", "hmm") or meta.get("replacement"):
-        raise ValueError(f"task {task!r}{' with replacement' if meta.get('replacement') else ''}: manifold.py "
-                         f"probes the bijection, sawtooth and HMM wind tunnels")
+    import hmm
+    task = meta.get("task") or ("hmm" if cfg.vocab_size == hmm.VOCAB else "bijection")
+    if task not in tasks.TASKS or meta.get("replacement"):
+        raise ValueError(f"task {task!r}{' with replacement' if meta.get('replacement') else ''}: the geometry "
+                         f"probes read the tasks {', '.join(tasks.TASKS)}")
     return task
 
 
-def probe_batch(task, cfg, n, seed):
-    """n held-out sequences shaped like the training data of this checkpoint."""
-    rng = np.random.default_rng((PROBE_SEED, seed))
-    if task == "bijection":
-        V = cfg.n_classes
-        L = min(V - 1, cfg.max_len // 2)                             # train.py: L = V - 1, max_len = 2L
-        return wt.bijection_batch(rng, n, V, L=L)
-    if task == "sawtooth":
-        return wt.sawtooth_batch(rng, n, cfg.n_classes)
-    K = HMM_K if cfg.pos != "learned" else min(HMM_K, cfg.max_len - wt.HMM_HEADER)
-    return wt.hmm_batch(rng, n, K)
+def task_module(task):
+    """The task's module, with every hook the probes read; ValueError in one line naming one it lacks."""
+    mod = tasks.task(task)
+    missing = [h for h in PROBE_HOOKS if not hasattr(mod, h)]
+    if missing:
+        raise ValueError(f"task {task!r} does not provide {missing[0]}, which the geometry probes read "
+                         f"(they need {', '.join(PROBE_HOOKS)})")
+    return mod
+
+
+def probe_settings(task, cfg, meta=None):
+    """The run's task settings: its meta's, else what its config implies (older checkpoints)."""
+    mod, meta = tasks.task(task), meta or {}
+    legacy = getattr(mod, "LEGACY_META", {})
+    return {**mod.settings_of(cfg), **{k: meta[k] for k in mod.SETTINGS if k in meta},
+            **{k: meta[v] for k, v in legacy.items() if k not in meta and v in meta}}
+
+
+def probe_batch(task, cfg, n, seed, settings=None):
+    """n held-out sequences of the task itself (no curriculum), shaped like the run's training data."""
+    s = tasks.settings(task, settings or probe_settings(task, cfg))
+    return tasks.sample(task, np.random.default_rng((PROBE_SEED, seed)), n, s)
 
 
 def supervised_columns(batch):
-    """Positions the probes read (the same in every row): those of the paper's curve, every supervised
-    position but the sawtooth's final query (evaluation.scored_columns): (P,) int."""
-    return scored_columns(batch)[0]
+    """Positions the probes read: the answers of the paper's curve (evaluation.answers: every supervised
+    position but those scored apart, like the sawtooth's final query), the same in every row: (P,) int.
+    ValueError in one line for a batch whose rows have their answers elsewhere (the probes compare rows
+    position by position)."""
+    positions, valid = answers(batch)
+    if not (valid.all() and np.all(positions == positions[0])):
+        raise ValueError("the geometry probes need the answers at the same positions in every row; this task's "
+                         "rows have them at different positions")
+    return positions[0]
 
 
 def token_names(task, cfg, tokens):
-    """Readable names of one sequence's tokens: k3 / v7 (bijection, sawtooth; q: the query), T / E / | / o2 (HMM)."""
-    if task == "bijection":
-        V = cfg.n_classes
-        return [f"k{t}" if t < V else f"v{t - V}" for t in tokens]
-    if task == "sawtooth":
-        return [("q" if i == len(tokens) - 1 else "k" if i % 2 == 0 else "v") + str(t) for i, t in enumerate(tokens)]
-    names = ["T"] * N_PROB + ["|"] + ["E"] * N_PROB + ["|"]
-    return names + [f"o{t - wt.HMM_OBS0}" for t in tokens[wt.HMM_HEADER:]]
+    return task_module(task).token_names(cfg, tokens)
 
 
 def position_table(params, cfg, T):
@@ -84,37 +234,8 @@ def position_table(params, cfg, T):
     return ba.position_table(params, cfg, T).astype(np.float64)
 
 
-def token_groups(task, cfg, tokens):
-    """Hypothesis-carrying token types -> (token ids, positions where that type occurs).
-
-    bijection: the key tokens 0..V-1 (even positions) and the value tokens V..2V-1 (odd positions).
-    sawtooth: the V tokens, keys and values at once (every position).
-    HMM: the observation tokens (positions 52..) and the probability tokens of the header (SEP
-    excluded) that occur in the probe sequences (entries >= 0.05 cap a probability at 0.80)."""
-    T = tokens.shape[1]
-    if task == "bijection":
-        V = cfg.n_classes
-        return {"keys": (np.arange(V), np.arange(0, T, 2)),
-                "values": (np.arange(V, 2 * V), np.arange(1, T, 2))}
-    if task == "sawtooth":
-        return {"tokens": (np.arange(cfg.n_classes), np.arange(T))}
-    header = np.r_[0:N_PROB, E_START:E_START + N_PROB]
-    return {"observations": (wt.HMM_OBS0 + np.arange(wt.HMM_S), np.arange(wt.HMM_HEADER, T)),
-            "probabilities": (np.unique(tokens[:, header]), header)}
-
-
 # ----------------------------------------------------------------------------
-# probe 1: the orthogonal hypothesis frame (stage 1), per layer-0 head and token type
-#   "ln"          key_tok = LN1(wte[tok] + p) @ W_K[:, head] + b_K[head], p = the mean positional
-#                 term over the positions where tokens of that type occur
-#   "ln_centred"  the same minus its mean over the tokens of the type: adding one vector c to every
-#                 key adds q . c to a whole row of scores, which softmax ignores, so this is the part
-#                 of the keys that can tell the tokens of one type apart
-#   "authors"     LN1(wte[tok]) @ W_K[:, head]: the authors' definition (no position, no bias),
-#                 the same keys as authors_keys below
-#   "value_ln"    value vectors LN1(wte[tok] + p) @ W_V[:, head] + b_V[head]: what attention adds up
-RECIPES = ("ln", "ln_centred", "authors", "value_ln")
-
+# statistics shared by the probes
 
 def cosine_matrix(X):
     """X (n, d) -> cosine similarities (n, n)."""
@@ -141,125 +262,18 @@ def welch_rms_bound(n, d):
     return math.sqrt(max(0.0, (n - d) / (d * (n - 1)))) if n > 1 else 0.0
 
 
-def layer0_vectors(params, cfg, tokens, p, recipe="ln"):
-    """Per-token layer-0 keys (or values) of every head: tokens (n,), p (C,) -> (NH, n, hs)."""
-    pre, NH = "blocks.0.", cfg.n_heads
-    x = params["wte"][tokens].astype(np.float64)                    # (n, C)
-    if recipe == "authors":
-        k = token_frame(params, tokens) @ params[pre + "attn.wk"].astype(np.float64)   # (n, C), no p, no b_K
-    else:
-        h, _ = ba.layernorm_forward(x + p, params[pre + "ln1.g"].astype(np.float64),
-                                    params[pre + "ln1.b"].astype(np.float64))  # (n, C)
-        w = "v" if recipe == "value_ln" else "k"
-        k = h @ params[pre + f"attn.w{w}"] + params[pre + f"attn.b{w}"]       # (n, C)
-    k = k.reshape(len(tokens), NH, -1).transpose(1, 0, 2)           # (NH, n, hs)
-    return k - k.mean(1, keepdims=True) if recipe == "ln_centred" else k
+def participation_ratio(X):
+    """X (n, d) -> (sum lambda)^2 / sum lambda^2 of the eigenvalues of X X^T: the effective number of
+    directions the rows span (0 for X = 0)."""
+    lam = np.linalg.svd(np.asarray(X, np.float64), compute_uv=False) ** 2
+    return float(lam.sum() ** 2 / (lam ** 2).sum()) if lam.sum() > 0 else 0.0
 
 
-def key_frame(params, cfg, groups, recipe="ln"):
-    """-> {group: cosine matrices (NH, n, n)} of the layer-0 vectors of each token type."""
-    T = max(int(pos.max()) for _, pos in groups.values()) + 1
-    table = position_table(params, cfg, T)                          # (T, C)
-    return {name: np.stack([cosine_matrix(k) for k in layer0_vectors(params, cfg, toks, table[pos].mean(0), recipe)])
-            for name, (toks, pos) in groups.items()}
+def dominant(values, factor=DOMINANCE):
+    """Indices whose value exceeds factor x the median of values (a statistic they would carry)."""
+    values = np.asarray(values, dtype=np.float64)
+    return [int(i) for i in np.flatnonzero(values > factor * np.median(values))] if len(values) > 2 else []
 
-
-def gaussian_baseline(n, d, centred=False, draws=GAUSSIAN_DRAWS, seed=0):
-    """Mean |off-diagonal cosine| of n iid N(0, I_d) vectors (centred over the n if asked), over draws."""
-    rng = np.random.default_rng(seed)
-    X = rng.standard_normal((draws, n, d))                          # (draws, n, d)
-    X = X - X.mean(1, keepdims=True) if centred else X
-    return float(np.mean([mean_abs_offdiag(cosine_matrix(x)) for x in X]))
-
-
-def key_frame_probe(params, cfg, task, tokens):
-    """Probe 1: trained cosines beside random initialisations (same recipe) and random Gaussian vectors."""
-    groups = token_groups(task, cfg, tokens)
-    hs = cfg.d_model // cfg.n_heads
-    inits = [ba.init_params(cfg, s) for s in RANDOM_INIT_SEEDS]
-    out, matrices = {}, {}
-    for recipe in RECIPES:
-        trained = key_frame(params, cfg, groups, recipe)
-        untrained = [key_frame(p, cfg, groups, recipe) for p in inits]
-        out[recipe] = {}
-        for name, (toks, _) in groups.items():
-            per_head = [mean_abs_offdiag(c) for c in trained[name]]
-            per_seed = [float(np.mean([mean_abs_offdiag(c) for c in u[name]])) for u in untrained]
-            out[recipe][name] = {
-                "n_tokens": len(toks), "head_size": hs,
-                "mean_abs_offdiag": float(np.mean(per_head)), "mean_abs_offdiag_per_head": per_head,
-                "rms_offdiag": float(np.mean([rms_offdiag(c) for c in trained[name]])),
-                "random_init_mean_abs_offdiag": float(np.mean(per_seed)), "random_init_per_seed": per_seed,
-                "gaussian_mean_abs_offdiag": gaussian_baseline(len(toks), hs, centred=recipe == "ln_centred"),
-                "welch_rms_lower_bound": welch_rms_bound(len(toks), hs)}
-            matrices[(recipe, name)] = trained[name]
-    return out, matrices
-
-
-# ----------------------------------------------------------------------------
-# probe 2: progressive query-key sharpening (stage 2)
-#
-# Evidence ("consistent") positions of a supervised row t, positions j <= t:
-#   bijection and sawtooth, key k_i at t = 2(i-1): if k_i occurred before (sawtooth), the value
-#     positions right after its earlier occurrences (they hold the answer); otherwise every earlier
-#     value position (each holds a value already taken, i.e. an eliminated hypothesis). Without
-#     replacement (bijection): all earlier values.
-#   HMM, observation o_t: the five header positions of the emission column E[s, o_t], s = 0..4,
-#     the likelihood of the current observation under each state.
-# Rows with no evidence position (the first key) are left out of the mass averages.
-
-def row_entropy_bits(alpha):
-    """Entropy of attention rows (..., T) in bits (0 log 0 = 0)."""
-    a = alpha.astype(np.float64)
-    return -(a * np.log2(np.where(a > 0, a, 1.0))).sum(-1)
-
-
-def evidence_masks(task, tokens, cols):
-    """-> dict of (n, P, T) bool masks over attended positions for each supervised row."""
-    n, T = tokens.shape
-    j = np.arange(T)
-    causal = j[None, :] <= cols[:, None]                            # (P, T)
-    if task in ("bijection", "sawtooth"):
-        value_pos = causal & (j[None, :] % 2 == 1)                  # (P, T) earlier value positions
-        key_now = tokens[:, cols]                                    # (n, P)
-        prev_key = np.concatenate([np.full((n, 1), -1), tokens[:, :-1]], axis=1)  # (n, T) token before j
-        answer = value_pos[None] & (prev_key[:, None, :] == key_now[:, :, None])  # (n, P, T)
-        repeated = answer.any(-1, keepdims=True)                    # (n, P, 1)
-        consistent = np.where(repeated, answer, value_pos[None])    # (n, P, T)
-        return {"consistent": consistent, "value": np.broadcast_to(value_pos, (n,) + value_pos.shape)}
-    obs = tokens[:, cols] - wt.HMM_OBS0                              # (n, P)
-    column = E_START + wt.HMM_S * np.arange(wt.HMM_S)[None, None, :] + obs[..., None]  # (n, P, S) E[s, o_t]
-    consistent = np.zeros((n, len(cols), T), dtype=bool)
-    np.put_along_axis(consistent, column, True, axis=-1)
-    obs_pos = causal & (j[None, :] >= wt.HMM_HEADER)
-    return {"consistent": consistent, "observation": np.broadcast_to(obs_pos, (n,) + obs_pos.shape),
-            "transition": np.broadcast_to(causal & (j[None, :] < N_PROB), (n,) + obs_pos.shape)}
-
-
-def attention_probe(cache, batch, task, cfg):
-    """Probe 2 per layer and head: attention entropy (bits) and mass on evidence positions."""
-    cols = supervised_columns(batch)
-    masks = evidence_masks(task, batch["tokens"], cols)
-    has_evidence = masks["consistent"].any(-1)                      # (n, P)
-    uniform_h = np.log2(cols + 1.0)                                  # (P,) entropy of uniform causal attention
-    uniform_mass = masks["consistent"].sum(-1) / (cols + 1.0)       # (n, P) mass of uniform attention on the evidence
-    out = {"uniform_entropy_bits": float(uniform_h.mean()),
-           "uniform_consistent_mass": float(uniform_mass[has_evidence].mean()), "layers": []}
-    for lc in cache["layers"]:
-        alpha = lc["alpha"][:, :, cols].astype(np.float64)           # (n, NH, P, T)
-        h = row_entropy_bits(alpha)                                  # (n, NH, P)
-        layer = {"entropy_bits": h.mean((0, 2)).tolist(), "entropy_bits_mean": float(h.mean()),
-                 "entropy_reduction": float(1.0 - h.mean() / uniform_h.mean())}
-        for name, m in masks.items():
-            mass = (alpha * m[:, None]).sum(-1)                      # (n, NH, P)
-            keep = has_evidence if name == "consistent" else np.ones_like(has_evidence)
-            layer[f"{name}_mass"] = [float(mass[:, hd][keep].mean()) for hd in range(cfg.n_heads)]
-        out["layers"].append(layer)
-    return out
-
-
-# ----------------------------------------------------------------------------
-# probe 3: the entropy-ordered value manifold (stage 3)
 
 def pca(X):
     """X (N, C) -> scores (N, C'), explained-variance ratios (C',); each axis signed so that its
@@ -272,8 +286,9 @@ def pca(X):
 
 
 def constant(a):
-    """True when a varies by less than rounding: every entropy of a position equal up to 1e-9 bits."""
-    return np.ptp(a) <= 1e-9 * max(1.0, float(np.abs(a).max()))
+    """True when a varies by less than rounding: every entry equal up to 1e-9 (relative)."""
+    a = np.asarray(a, dtype=np.float64)
+    return len(a) < 2 or np.ptp(a) <= 1e-9 * max(1.0, float(np.abs(a).max()))
 
 
 def spearman(a, b):
@@ -281,88 +296,6 @@ def spearman(a, b):
     if constant(a) or constant(b):
         return None
     return float(spearmanr(a, b)[0])
-
-
-def manifold_stats(X, h_bayes, position=None):
-    """X (N, C) representations, h_bayes (N,) exact posterior entropy (bits), position (N,) optional.
-    -> explained variance of PC1 and PC1+PC2, Spearman(PC1, H), and two controls: Spearman(PC1,
-    position) and the mean within-position Spearman(PC1, H) where H varies at a fixed position."""
-    scores, ratio = pca(np.asarray(X, dtype=np.float64))
-    rho = spearman(scores[:, 0], h_bayes)
-    out = {"pc1_variance": float(ratio[0]), "pc12_variance": float(ratio[:2].sum()),
-           "spearman_pc1_entropy": rho, "abs_spearman_pc1_entropy": None if rho is None else abs(rho)}
-    if position is not None:
-        out["spearman_pc1_position"] = spearman(scores[:, 0], position)
-        within = [spearman(scores[position == p, 0], h_bayes[position == p]) for p in np.unique(position)]
-        within = [r for r in within if r is not None]
-        out["mean_within_position_spearman"] = float(np.mean(within)) if within else None
-    return out, scores[:, :2]
-
-
-def manifold_probe(cache, batch):
-    """Probe 3 on the last layer's attention output and the final residual stream, and by layer."""
-    cols = supervised_columns(batch)
-    h = wt.entropy_bits(batch["posterior"][:, cols]).reshape(-1)    # (n P,)
-    pos = np.tile(cols, len(batch["tokens"]))                        # (n P,)
-    rows = lambda a: a[:, cols].reshape(-1, a.shape[-1]).astype(np.float64)  # (n, T, C) -> (n P, C)
-    attn, attn_xy = manifold_stats(rows(cache["layers"][-1]["attn_out"]), h, pos)
-    resid, resid_xy = manifold_stats(rows(cache["resid"][-1]), h, pos)
-    by_layer = {"attn_out": [manifold_stats(rows(lc["attn_out"]), h, pos)[0] for lc in cache["layers"]],
-                "residual": [manifold_stats(rows(r), h, pos)[0] for r in cache["resid"][1:]]}
-    return ({"attn_out_last": attn, "residual_final": resid, "by_layer": by_layer,
-             "authors": authors_manifold(rows(cache["xf"]), h, pos)}, (attn_xy, resid_xy, h))
-
-
-# ----------------------------------------------------------------------------
-# the authors' definitions of probes 1, 3 and 6 (shared/PAPERS.md, "Geometry, in three stages")
-#   key frame:   layer 0, each head separately, the hypothesis tokens h; key_h = LN1(wte[h]) @ W_K[:, head]
-#                (no positional term, no bias b_K); mean |off-diagonal cosine| per head
-#   manifold:    the final hidden state after the final LayerNorm at the positions that predict a value;
-#                centred PCA; Pearson r of each of PC1..PC5 with H_Bayes (the best |r|), R^2 of a linear fit
-#                of H_Bayes on the top 5 PCs, PC1's share of the variance
-#   frame:       the span of LN1(wte[h]) over the hypotheses (their "embedding" frame), compared across
-#                snapshots with the final one by the projection overlap ||U^T W||_F^2 / min(rank U, rank W),
-#                as a multiple of a random subspace's overlap
-AUTHORS_FRAME_RANK = 8      # the snapshot side of the overlap: its top 8 frame directions (the authors' rank)
-
-
-def hypothesis_tokens(task, cfg):
-    """The tokens that stand for the hypotheses: the value tokens V..2V-1 (bijection, format a), all V
-    tokens (sawtooth, format b), the five observation tokens (HMM: the authors define no HMM frame; an
-    observation is the evidence token whose likelihood column the filter reads)."""
-    if task == "bijection":
-        return np.arange(cfg.n_classes, 2 * cfg.n_classes)
-    if task == "sawtooth":
-        return np.arange(cfg.n_classes)
-    return wt.HMM_OBS0 + np.arange(wt.HMM_S)
-
-
-def token_frame(params, tokens):
-    """LN1 of layer 0 applied to the bare token embeddings: (n, C), no positional term."""
-    x = params["wte"][tokens].astype(np.float64)                    # (n, C)
-    h, _ = ba.layernorm_forward(x, params["blocks.0.ln1.g"].astype(np.float64),
-                                params["blocks.0.ln1.b"].astype(np.float64))
-    return h
-
-
-def authors_keys(params, cfg, tokens):
-    """key_h = LN1(wte[h]) @ W_K[:, head] for every layer-0 head: (NH, n, hs)."""
-    k = token_frame(params, tokens) @ params["blocks.0.attn.wk"].astype(np.float64)   # (n, C), no b_K
-    return k.reshape(len(tokens), cfg.n_heads, -1).transpose(1, 0, 2)
-
-
-def authors_key_frame(params, cfg, task):
-    """Mean |off-diagonal cosine| of the hypothesis keys per layer-0 head, beside random initialisations."""
-    toks = hypothesis_tokens(task, cfg)
-    hs = cfg.d_model // cfg.n_heads
-    per_head = [mean_abs_offdiag(cosine_matrix(k)) for k in authors_keys(params, cfg, toks)]
-    init = [[mean_abs_offdiag(cosine_matrix(k)) for k in authors_keys(ba.init_params(cfg, s), cfg, toks)]
-            for s in RANDOM_INIT_SEEDS]                              # (seeds, NH)
-    return {"hypotheses": len(toks), "head_size": hs, "per_head": per_head, "mean": float(np.mean(per_head)),
-            "most_orthogonal_head": int(np.argmin(per_head)),
-            "random_init_per_head": np.mean(init, 0).tolist(), "random_init_mean": float(np.mean(init)),
-            "welch_rms_lower_bound": welch_rms_bound(len(toks), hs),
-            "orthogonality_possible": hs >= len(toks)}
 
 
 def pearson(a, b):
@@ -382,31 +315,374 @@ def r_squared(X, y):
     return 1.0 - float(((y - A @ w) ** 2).sum()) / float(((y - y.mean()) ** 2).sum())
 
 
-def authors_manifold(X, h_bayes, position, n_pcs=5):
+def within_groups(stat, a, b, groups):
+    """The mean over groups (positions) of stat(a, b) on each group's rows, over the groups where it is
+    defined (None: H constant there); None if it is defined nowhere."""
+    vals = [stat(a[groups == g], b[groups == g]) for g in np.unique(groups)]
+    vals = [v for v in vals if v is not None]
+    return float(np.mean(vals)) if vals else None
+
+
+def cv_r_squared(X, y, groups, folds=READOUT_FOLDS, ridge=READOUT_RIDGE):
+    """Held-out R^2 of the ridge readout y ~ X w + c (X's columns standardised on the training rows): rows in
+    folds by group (group g in fold g mod folds),
+    each fold predicted by the fit on the others; R^2 = 1 - sum (y - y_pred)^2 / sum (y - mean y)^2 over all
+    rows (below 0 when the readout is worse than the mean). None when y is constant or too few groups."""
+    X, y = np.asarray(X, np.float64).reshape(len(y), -1), np.asarray(y, np.float64)
+    fold = np.asarray(groups) % folds
+    if constant(y) or len(np.unique(fold)) < 2:
+        return None
+    pred = np.empty_like(y)
+    for f in np.unique(fold):
+        test, train = fold == f, fold != f
+        mu, ym = X[train].mean(0), y[train].mean()
+        sd = np.where(X[train].std(0) > 0, X[train].std(0), 1.0)      # (d,) columns standardised on the fold
+        A = (X[train] - mu) / sd                                        # (N_train, d)
+        G = A.T @ A
+        lam = max(ridge * np.trace(G) / max(len(G), 1), 1e-12)
+        w = np.linalg.solve(G + lam * np.eye(len(G)), A.T @ (y[train] - ym))
+        pred[test] = (X[test] - mu) / sd @ w + ym
+    return 1.0 - float(((y - pred) ** 2).sum()) / float(((y - y.mean()) ** 2).sum())
+
+
+def partial_cv_r_squared(X, y, groups, position):
+    """The share of what the position leaves of y that X adds, held out: (R^2([X, position]) - R^2(position))
+    / (1 - R^2(position)), both by cv_r_squared with one-hot positions. None where either is undefined."""
+    P = onehot(position)
+    full, base = cv_r_squared(np.c_[X, P], y, groups), cv_r_squared(P, y, groups)
+    if full is None or base is None or base >= 1.0 - 1e-9:
+        return None
+    return (full - base) / (1.0 - base)
+
+
+def onehot(a):
+    """a (N,) -> (N, number of distinct values) indicator columns."""
+    return (np.asarray(a)[:, None] == np.unique(a)[None, :]).astype(np.float64)
+
+
+# ----------------------------------------------------------------------------
+# probe 1: the orthogonal hypothesis frame (stage 1), per layer-0 head and token type
+RECIPES = ("ln", "ln_centred", "authors", "value_ln")
+
+
+def token_frame(params, tokens):
+    """LN1 of layer 0 applied to the bare token embeddings: (n, C), no positional term."""
+    x = params["wte"][tokens].astype(np.float64)                    # (n, C)
+    h, _ = ly.layernorm_forward(x, params["blocks.0.ln1.g"].astype(np.float64),
+                                params["blocks.0.ln1.b"].astype(np.float64))
+    return h
+
+
+def layer0_vectors(params, cfg, tokens, p, recipe="ln"):
+    """Per-token layer-0 keys (or values) of every head: tokens (n,), p (C,) -> (NH, n, hs)."""
+    pre, NH = "blocks.0.", cfg.n_heads
+    x = params["wte"][tokens].astype(np.float64)                    # (n, C)
+    if recipe == "authors":
+        k = token_frame(params, tokens) @ params[pre + "attn.wk"].astype(np.float64)   # (n, C), no p, no b_K
+    else:
+        h, _ = ly.layernorm_forward(x + p, params[pre + "ln1.g"].astype(np.float64),
+                                    params[pre + "ln1.b"].astype(np.float64))  # (n, C)
+        w = "v" if recipe == "value_ln" else "k"
+        k = h @ params[pre + f"attn.w{w}"] + params[pre + f"attn.b{w}"]       # (n, C)
+    k = k.reshape(len(tokens), NH, -1).transpose(1, 0, 2)           # (NH, n, hs)
+    return k - k.mean(1, keepdims=True) if recipe == "ln_centred" else k
+
+
+def frame_vectors(params, cfg, groups, recipe="ln"):
+    """-> {group: layer-0 vectors (NH, n, hs)} of each token type."""
+    T = max(int(pos.max()) for _, pos in groups.values()) + 1
+    table = position_table(params, cfg, T)                          # (T, C)
+    return {name: layer0_vectors(params, cfg, toks, table[pos].mean(0), recipe) for name, (toks, pos) in groups.items()}
+
+
+def key_frame(params, cfg, groups, recipe="ln"):
+    """-> {group: cosine matrices (NH, n, n)} of the layer-0 vectors of each token type."""
+    return {name: np.stack([cosine_matrix(k) for k in K]) for name, K in frame_vectors(params, cfg, groups, recipe).items()}
+
+
+def offset_stats(K):
+    """K (NH, n, hs) -> the keys' shared offset against their spread, and their participation ratios (means
+    over heads), and the tokens whose deviation dominates (DOMINANCE) with the mean |cos| without them."""
+    mean = K.mean(1, keepdims=True)                                  # (NH, 1, hs)
+    dev = np.linalg.norm(K - mean, axis=-1)                          # (NH, n)
+    out = {"offset_norm": float(np.linalg.norm(mean, axis=-1).mean()), "deviation_norm": float(dev.mean()),
+           "participation_ratio": float(np.mean([participation_ratio(k) for k in K])),
+           "participation_ratio_centred": float(np.mean([participation_ratio(k - k.mean(0)) for k in K]))}
+    dom = dominant(dev.mean(0))
+    out["dominant_tokens"] = dom
+    if dom:
+        keep = np.setdiff1d(np.arange(K.shape[1]), dom)
+        out["mean_abs_offdiag_without_dominant"] = float(np.mean([mean_abs_offdiag(cosine_matrix(k[keep])) for k in K]))
+    return out
+
+
+def gaussian_baseline(n, d, centred=False, draws=GAUSSIAN_DRAWS, seed=0):
+    """Mean |off-diagonal cosine| of n iid N(0, I_d) vectors (centred over the n if asked), over draws."""
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((draws, n, d))                          # (draws, n, d)
+    X = X - X.mean(1, keepdims=True) if centred else X
+    return float(np.mean([mean_abs_offdiag(cosine_matrix(x)) for x in X]))
+
+
+def key_frame_probe(params, cfg, task, tokens):
+    """Probe 1: trained cosines beside random initialisations (same recipe) and random Gaussian vectors,
+    with the keys' offset, spread and participation ratio."""
+    groups = task_module(task).token_groups(cfg, tokens)
+    hs = cfg.d_model // cfg.n_heads
+    inits = [ba.init_params(cfg, s) for s in RANDOM_INIT_SEEDS]
+    out, matrices = {}, {}
+    for recipe in RECIPES:
+        vectors = frame_vectors(params, cfg, groups, recipe)
+        untrained = [key_frame(p, cfg, groups, recipe) for p in inits]
+        out[recipe] = {}
+        for name, (toks, _) in groups.items():
+            trained = np.stack([cosine_matrix(k) for k in vectors[name]])
+            per_head = [mean_abs_offdiag(c) for c in trained]
+            per_seed = [float(np.mean([mean_abs_offdiag(c) for c in u[name]])) for u in untrained]
+            out[recipe][name] = {
+                "n_tokens": len(toks), "head_size": hs,
+                "mean_abs_offdiag": float(np.mean(per_head)), "mean_abs_offdiag_per_head": per_head,
+                "rms_offdiag": float(np.mean([rms_offdiag(c) for c in trained])),
+                "random_init_mean_abs_offdiag": float(np.mean(per_seed)), "random_init_per_seed": per_seed,
+                "gaussian_mean_abs_offdiag": gaussian_baseline(len(toks), hs, centred=recipe == "ln_centred"),
+                "welch_rms_lower_bound": welch_rms_bound(len(toks), hs), **offset_stats(vectors[name])}
+            matrices[(recipe, name)] = trained
+    return out, matrices
+
+
+def authors_keys(params, cfg, tokens):
+    """key_h = LN1(wte[h]) @ W_K[:, head] for every layer-0 head: (NH, n, hs)."""
+    k = token_frame(params, tokens) @ params["blocks.0.attn.wk"].astype(np.float64)   # (n, C), no b_K
+    return k.reshape(len(tokens), cfg.n_heads, -1).transpose(1, 0, 2)
+
+
+def authors_key_frame(params, cfg, task):
+    """Mean |off-diagonal cosine| of the hypothesis keys per layer-0 head, beside random initialisations,
+    with the keys' offset and participation ratio."""
+    toks = task_module(task).hypothesis_tokens(cfg)
+    hs = cfg.d_model // cfg.n_heads
+    K = authors_keys(params, cfg, toks)
+    per_head = [mean_abs_offdiag(cosine_matrix(k)) for k in K]
+    init = [[mean_abs_offdiag(cosine_matrix(k)) for k in authors_keys(ba.init_params(cfg, s), cfg, toks)]
+            for s in RANDOM_INIT_SEEDS]                              # (seeds, NH)
+    centred = [mean_abs_offdiag(cosine_matrix(k - k.mean(0))) for k in K]
+    init_centred = [[mean_abs_offdiag(cosine_matrix(k - k.mean(0))) for k in authors_keys(ba.init_params(cfg, s), cfg, toks)]
+                    for s in RANDOM_INIT_SEEDS]
+    return {"hypotheses": len(toks), "head_size": hs, "per_head": per_head, "mean": float(np.mean(per_head)),
+            "most_orthogonal_head": int(np.argmin(per_head)),
+            "random_init_per_head": np.mean(init, 0).tolist(), "random_init_mean": float(np.mean(init)),
+            "centred_per_head": centred, "centred_mean": float(np.mean(centred)),
+            "random_init_centred_mean": float(np.mean(init_centred)),
+            "welch_rms_lower_bound": welch_rms_bound(len(toks), hs),
+            "orthogonality_possible": hs >= len(toks), **offset_stats(K)}
+
+
+# ----------------------------------------------------------------------------
+# probe 2: progressive query-key sharpening (stage 2), with the sink and the query swap
+
+def row_entropy_bits(alpha):
+    """Entropy of attention rows (..., T) in bits (0 log 0 = 0)."""
+    a = alpha.astype(np.float64)
+    return -(a * np.log2(np.where(a > 0, a, 1.0))).sum(-1)
+
+
+def sink_stats(alpha, cols):
+    """alpha (n, NH, P, T) attention at the answer rows, cols (P,) -> the sink controls (DEFINITIONS "sink")."""
+    choice = np.broadcast_to(cols > 0, alpha.shape[:3])              # (n, NH, P) rows that can choose
+    h = row_entropy_bits(alpha)                                      # (n, NH, P)
+    hu = np.broadcast_to(np.log2(cols + 1.0), h.shape)               # (n, NH, P)
+    sink = alpha[..., 0]                                             # (n, NH, P) mass on position 0
+    sink_row = (sink > SINK_MASS) & choice
+    drop = hu - h                                                    # (n, NH, P) the entropy drop per row
+    rest = choice & ~sink_row
+    NH = alpha.shape[1]
+    return {"sink_mass": [float(sink[:, hd][choice[:, hd]].mean()) for hd in range(NH)],
+            "sink_row_share": [float(sink_row[:, hd][choice[:, hd]].mean()) for hd in range(NH)],
+            "sink_share_of_entropy_drop": float(drop[sink_row].sum() / drop[choice].sum()) if drop[choice].sum() > 0
+            else None,
+            "entropy_reduction_without_sink_rows": float(1.0 - h[rest].mean() / hu[rest].mean()) if rest.any() else None,
+            "head_share_of_entropy_drop": (drop.sum((0, 2)) / drop.sum()).tolist() if drop.sum() > 0 else None}
+
+
+def attention_probe(cache, batch, task, cfg):
+    """Probe 2 per layer and head: attention entropy (bits), mass on the evidence positions and on the sink."""
+    cols = supervised_columns(batch)
+    masks = task_module(task).evidence_masks(batch["tokens"], cols)
+    has_evidence = masks["consistent"].any(-1)                      # (n, P)
+    uniform_h = np.log2(cols + 1.0)                                  # (P,) entropy of uniform causal attention
+    uniform_mass = masks["consistent"].sum(-1) / (cols + 1.0)       # (n, P) mass of uniform attention on the evidence
+    out = {"uniform_entropy_bits": float(uniform_h.mean()),
+           "uniform_consistent_mass": float(uniform_mass[has_evidence].mean()), "layers": []}
+    for lc in cache["layers"]:
+        alpha = lc["alpha"][:, :, cols].astype(np.float64)           # (n, NH, P, T)
+        h = row_entropy_bits(alpha)                                  # (n, NH, P)
+        layer = {"entropy_bits": h.mean((0, 2)).tolist(), "entropy_bits_mean": float(h.mean()),
+                 "entropy_reduction": float(1.0 - h.mean() / uniform_h.mean()),
+                 "entropy_reduction_per_head": (1.0 - h.mean((0, 2)) / uniform_h.mean()).tolist()}
+        for name, m in masks.items():
+            mass = (alpha * m[:, None]).sum(-1)                      # (n, NH, P)
+            keep = has_evidence if name == "consistent" else np.ones_like(has_evidence)
+            layer[f"{name}_mass"] = [float(mass[:, hd][keep].mean()) for hd in range(cfg.n_heads)]
+        layer.update(sink_stats(alpha, cols))
+        share = layer["head_share_of_entropy_drop"]
+        layer["dominant_heads"] = dominant(share) if share else []
+        out["layers"].append(layer)
+    reductions = [l["entropy_reduction"] for l in out["layers"]]
+    out["monotone"] = bool(np.all(np.diff(reductions) >= 0))
+    return out
+
+
+def row_tv(a, b):
+    """Total-variation distance between attention rows (..., T): 1/2 sum |a - b| (...)."""
+    return 0.5 * np.abs(a - b).sum(-1)
+
+
+def query_swap(params, cfg, batch, task, n=SWAP_SEQS, seed=0):
+    """The query-swap control of probe 2 (DEFINITIONS "query_swap") -> per layer: swap TV, between-sequence TV
+    and their ratio, per head and as the mean over heads."""
+    mod, cols = task_module(task), supervised_columns(batch)
+    tokens = batch["tokens"][:n]
+    rng = np.random.default_rng((PROBE_SEED, seed, 1))
+    _, base = ba.forward(params, tokens, cfg)
+    L, NH = cfg.n_layers, cfg.n_heads
+    swap, between = [[] for _ in range(L)], [[] for _ in range(L)]
+    for t in cols[cols > 0]:
+        new, ok = mod.swap_query(cfg, tokens, int(t), rng)
+        if not ok.any():
+            continue
+        _, c = ba.forward(params, new[ok, :t + 1], cfg)              # rows <= t see only the prefix
+        for l in range(L):
+            a = base["layers"][l]["alpha"][:, :, t, :t + 1].astype(np.float64)   # (n, NH, t + 1)
+            swap[l].append(row_tv(a[ok], c["layers"][l]["alpha"][:, :, t].astype(np.float64)))   # (m, NH)
+            if len(a) > 1:
+                between[l].append(row_tv(a, np.roll(a, 1, axis=0)))  # (n, NH) each sequence against the next
+    out = []
+    for l in range(L):
+        s = np.concatenate(swap[l]) if swap[l] else np.full((0, NH), np.nan)
+        b = np.concatenate(between[l]) if between[l] else np.full((0, NH), np.nan)
+        s_h, b_h = s.mean(0), b.mean(0)
+        out.append({"swap_tv": s_h.tolist(), "between_tv": b_h.tolist(),
+                    "ratio": (s_h / np.maximum(b_h, 1e-12)).tolist(),
+                    "swap_tv_mean": float(s.mean()), "between_tv_mean": float(b.mean()),
+                    "ratio_mean": float(s.mean() / max(b.mean(), 1e-12))})
+    return {"sequences": len(tokens), "layers": out}
+
+
+# ----------------------------------------------------------------------------
+# probe 3: the entropy-ordered value manifold (stage 3), with its controls
+
+def manifold_stats(X, h_bayes, position=None):
+    """X (N, C) representations, h_bayes (N,) exact posterior entropy (bits), position (N,) optional.
+    -> explained variance of PC1 and PC1+PC2, Spearman(PC1, H), and two controls: Spearman(PC1,
+    position) and the mean within-position Spearman(PC1, H) where H varies at a fixed position."""
+    scores, ratio = pca(np.asarray(X, dtype=np.float64))
+    rho = spearman(scores[:, 0], h_bayes)
+    out = {"pc1_variance": float(ratio[0]), "pc12_variance": float(ratio[:2].sum()),
+           "spearman_pc1_entropy": rho, "abs_spearman_pc1_entropy": None if rho is None else abs(rho)}
+    if position is not None:
+        out["spearman_pc1_position"] = spearman(scores[:, 0], position)
+        out["mean_within_position_spearman"] = within_groups(spearman, scores[:, 0], h_bayes, position)
+    return out, scores[:, :2]
+
+
+def manifold_controls(X, h, pos, seq, split=None, graded=None):
+    """The controls of probe 3 on one representation X (N, C) at the answer rows: h (N,) H_Bayes, pos (N,)
+    positions, seq (N,) sequence index, split (N,) the task's binary split or None, graded (N,) bool the rows
+    where H is graded or None (DEFINITIONS "position_norm", "graded_rows", "split", "readout")."""
+    X = np.asarray(X, np.float64)
+    out, scores = manifold_stats(X, h, pos)
+    positions = np.unique(pos)
+    norms = np.linalg.norm(X, axis=1)
+    per_pos = np.array([norms[pos == p].mean() for p in positions])
+    dom = [int(positions[i]) for i in dominant(per_pos)]
+    keep = ~np.isin(pos, dom)
+    out.update(norm_by_position=per_pos.tolist(), dominant_positions=dom,
+               pc1_variance_without_dominant=float(pca(X[keep])[1][0]) if dom else out["pc1_variance"],
+               pc1_variance_unit_rows=float(pca(X / np.maximum(norms, 1e-300)[:, None])[1][0]),
+               readout_r2=cv_r_squared(X, h, seq), readout_partial_r2=partial_cv_r_squared(X, h, seq, pos))
+    if dom:
+        out["without_dominant"] = manifold_stats(X[keep], h[keep], pos[keep])[0]
+    if graded is not None:
+        out["graded_share"] = float(graded.mean())
+        out["within_position_spearman_graded"] = within_groups(spearman, scores[graded, 0], h[graded], pos[graded])
+        out["graded_refit"] = manifold_stats(X[graded], h[graded], pos[graded])[0]
+        out["readout_r2_graded"] = cv_r_squared(X[graded], h[graded], seq[graded])
+        out["readout_partial_r2_graded"] = partial_cv_r_squared(X[graded], h[graded], seq[graded], pos[graded])
+    if split is not None:
+        out["spearman_pc1_split"] = spearman(scores[:, 0], split)
+    return out
+
+
+def readout_baselines(h, pos, seq, split=None, graded=None):
+    """The readouts of H_Bayes that need no representation: from the position alone, the split alone and
+    both (one-hot position, split and split x position), on all rows and on the graded rows."""
+    P = onehot(pos)
+    out = {"position": cv_r_squared(P, h, seq)}
+    if split is not None:
+        s = split.astype(np.float64)[:, None]
+        out["split"] = cv_r_squared(s, h, seq)
+        out["position_and_split"] = cv_r_squared(np.c_[P, s * P], h, seq)
+        out["within_position_r2_h_by_split"] = within_groups(lambda a, b: r_squared(a[:, None], b), split.astype(float),
+                                                             h, pos)
+    if graded is not None:
+        out["position_graded"] = cv_r_squared(P[graded], h[graded], seq[graded])
+    return out
+
+
+def manifold_rows(batch, task):
+    """-> cols, and the answer rows flattened: h (N,), pos (N,), seq (N,), split (N,) or None, graded (N,),
+    and the split's name."""
+    mod, cols = task_module(task), supervised_columns(batch)
+    n = len(batch["tokens"])
+    h = wt.entropy_bits(batch["posterior"][:, cols]).reshape(-1)    # (N,)
+    pos = np.tile(cols, n)                                           # (N,)
+    seq = np.repeat(np.arange(n), len(cols))                         # (N,)
+    split = mod.row_split(batch, cols)
+    name, split = (None, None) if split is None else next(iter(split.items()))
+    graded = mod.graded_rows(batch, cols).reshape(-1)
+    return cols, h, pos, seq, None if split is None else split.reshape(-1), graded, name
+
+
+def manifold_probe(cache, batch, task):
+    """Probe 3 on the last layer's attention output, the final residual stream before and after the final
+    LayerNorm, and by layer, each with its controls. -> (numbers, points for the figure)."""
+    cols, h, pos, seq, split, graded, split_name = manifold_rows(batch, task)
+    rows = lambda a: a[:, cols].reshape(-1, a.shape[-1]).astype(np.float64)  # (n, T, C) -> (N, C)
+    controls = lambda X: manifold_controls(X, h, pos, seq, split, graded)
+    resid_final = rows(cache["resid"][-1])
+    out = {"attn_out_last": controls(rows(cache["layers"][-1]["attn_out"])),
+           "residual_final": controls(resid_final), "after_final_ln": controls(rows(cache["xf"])),
+           "by_layer": {"attn_out": [controls(rows(lc["attn_out"])) for lc in cache["layers"]],
+                        "residual": [controls(rows(r)) for r in cache["resid"]]},
+           "readout_baselines": readout_baselines(h, pos, seq, split, graded),
+           "graded_rows": "every row" if graded.all() else f"{graded.mean():.1%} of the rows",
+           "split": split_name,
+           "authors": authors_manifold(rows(cache["xf"]), h, pos, graded)}
+    # the figure: all rows, then the graded rows without the dominating positions (PCA refit on them)
+    keep = graded & ~np.isin(pos, out["residual_final"]["dominant_positions"])
+    xy_all = pca(resid_final)[0][:, :2]
+    xy_graded = pca(resid_final[keep])[0][:, :2] if keep.sum() > 2 else np.zeros((0, 2))
+    return out, dict(all=(xy_all, h), graded=(xy_graded, h[keep]), dominant=out["residual_final"]["dominant_positions"])
+
+
+def authors_manifold(X, h_bayes, position, graded=None, n_pcs=5):
     """X (N, C) final hidden states (after the final LayerNorm), h_bayes (N,), position (N,).
     -> PC1 variance, Pearson r of PC1..PC5 with H (best |r|), R^2 of H on the top 5 PCs; controls:
     R^2 of H on the position alone (1 when H is a function of the position, as in format a) and the
-    mean within-position R^2 of the same top-5-PC fit, over positions where H varies."""
+    mean within-position R^2 of the same top-5-PC fit, over positions where H varies; the same on the
+    graded rows only."""
     scores, ratio = pca(np.asarray(X, dtype=np.float64))
     top = scores[:, :n_pcs]
     r = [pearson(top[:, i], h_bayes) for i in range(top.shape[1])]
     best = max(range(len(r)), key=lambda i: -1.0 if r[i] is None else abs(r[i]))
-    onehot = (position[:, None] == np.unique(position)[None, :]).astype(np.float64)
-    within = [r_squared(top[position == p], h_bayes[position == p]) for p in np.unique(position)]
-    within = [w for w in within if w is not None]
-    return {"pc1_variance": float(ratio[0]), "pearson_pc1_to_pc5": r, "best_pc": best + 1,
-            "best_abs_pearson": None if r[best] is None else abs(r[best]), "r2_top5": r_squared(top, h_bayes),
-            "r2_position_only": r_squared(onehot[:, 1:], h_bayes),
-            "mean_within_position_r2_top5": float(np.mean(within)) if within else None}
-
-
-def frame_basis(params, task, cfg, rank=None):
-    """Orthonormal basis (C, r) of span{LN1(wte[h])} over the hypotheses h; with rank, its top `rank`
-    directions (the leading right singular vectors of the (n, C) frame)."""
-    F = token_frame(params, hypothesis_tokens(task, cfg))            # (n, C)
-    _, S, Vt = np.linalg.svd(F, full_matrices=False)
-    keep = int((S > S[0] * 1e-10).sum()) if rank is None else min(rank, len(S))
-    return Vt[:keep].T                                               # (C, r)
+    out = {"pc1_variance": float(ratio[0]), "pearson_pc1_to_pc5": r, "best_pc": best + 1,
+           "best_abs_pearson": None if r[best] is None else abs(r[best]), "r2_top5": r_squared(top, h_bayes),
+           "r2_position_only": r_squared(onehot(position)[:, 1:], h_bayes),
+           "mean_within_position_r2_top5": within_groups(r_squared, top, h_bayes, position)}
+    if graded is not None and not graded.all():
+        out["mean_within_position_r2_top5_graded"] = within_groups(r_squared, top[graded], h_bayes[graded],
+                                                                   position[graded])
+    return out
 
 
 # ----------------------------------------------------------------------------
@@ -414,8 +690,8 @@ def frame_basis(params, task, cfg, rank=None):
 
 def lens_proba(params, x):
     """Residual stream x (..., C) -> predictive distribution (..., K) of the final LN + unembedding."""
-    xf, _ = ba.layernorm_forward(x, params["lnf.g"], params["lnf.b"])
-    return ba.softmax.numpy((xf @ params["unembed.w"] + params["unembed.b"]).astype(np.float64))
+    xf, _ = ly.layernorm_forward(x, params["lnf.g"], params["lnf.b"])
+    return ly.softmax.numpy((xf @ params["unembed.w"] + params["unembed.b"]).astype(np.float64))
 
 
 def calibration(q, post):
@@ -441,48 +717,99 @@ def logit_lens(params, cache, batch):
 
 
 # ----------------------------------------------------------------------------
-# probe 5: ablations, a head's output (before W_o) set to zero, then all heads of a layer
+# probe 5: ablations, a head's output (before W_o) replaced four ways, one head or one layer at a time
 
-def ablated_calibration(params, cfg, batch, head_mask):
+def replacement(method, O):
+    """What replaces one head's output O (n, T, hs) of the clean run: zeros, its mean over sequences at each
+    position, its mean over sequences and positions, or the next sequence's output (a derangement)."""
+    if method == "zero":
+        return np.zeros_like(O)
+    if method == "position_mean":
+        return np.broadcast_to(O.mean(0, keepdims=True), O.shape)
+    if method == "mean":
+        return np.broadcast_to(O.mean((0, 1), keepdims=True), O.shape)
+    if method == "resample":
+        return np.roll(O, 1, axis=0)
+    raise ValueError(f"ablation {method!r}: allowed are {', '.join(ABLATIONS)}")
+
+
+def ablated_calibration(params, cfg, batch, layer=None, heads=(), method="zero", clean=None):
+    """Calibration with the outputs of `heads` of `layer` replaced (replacement); clean: the clean run's
+    cache (needed by every method but zero). layer None: no ablation."""
     cols = supervised_columns(batch)
-    logits, _ = ba.forward(params, batch["tokens"], cfg, head_mask=head_mask)
-    return calibration(ba.softmax.numpy(logits[:, cols].astype(np.float64)), batch["posterior"][:, cols])
+    patch = None
+    if layer is not None:
+        if method == "zero":
+            new = {h: 0.0 for h in heads}
+        else:
+            O = clean["layers"][layer]["head_out"]                   # (n, NH, T, hs)
+            new = {h: replacement(method, O[:, h]) for h in heads}
+
+        def patch(l, o):
+            if l != layer:
+                return o
+            o = o.copy()
+            for h, r in new.items():
+                o[:, h] = r
+            return o
+    logits, _ = ba.forward(params, batch["tokens"], cfg, patch=patch)
+    return calibration(ly.softmax.numpy(logits[:, cols].astype(np.float64)), batch["posterior"][:, cols])
 
 
-def ablations(params, cfg, batch):
-    """Probe 5 -> baseline, per head and per layer: entropy MAE and KL (bits) and their changes."""
+def ranked(rows, key):
+    """(name of the row with the largest key, its value, the runner-up's name, ratio of the two)."""
+    order = sorted(rows, key=lambda r: -r[key])
+    first, second = order[0], order[1] if len(order) > 1 else None
+    name = lambda r: f"L{r['layer']}H{r['head']}"
+    return {"name": name(first), "delta": first[key], "second": None if second is None else name(second),
+            "second_delta": None if second is None else second[key],
+            "ratio_to_second": None if second is None or second[key] <= 0 else first[key] / second[key]}
+
+
+def ablations(params, cfg, batch, clean=None, methods=ABLATIONS):
+    """Probe 5 -> baseline, and for each method per head and per layer: entropy MAE and KL (bits) and their
+    changes, the head each metric names, and the heads whose removal costs more than a uniform guess.
+    The top-level heads and layers are the zero ablation's (the authors' rule reads them)."""
     L, NH = cfg.n_layers, cfg.n_heads
-    base = ablated_calibration(params, cfg, batch, None)
+    cols = supervised_columns(batch)
+    if clean is None and any(m != "zero" for m in methods):
+        clean = ba.forward(params, batch["tokens"], cfg)[1]
+    post = batch["posterior"][:, cols]
+    uniform = np.full_like(post, 1.0 / post.shape[-1])
+    uniform_kl = float(wt.kl_bits(post, uniform).mean())
+    base = ablated_calibration(params, cfg, batch)
     delta = lambda c: {**c, "delta_entropy_mae_bits": c["entropy_mae_bits"] - base["entropy_mae_bits"],
                        "delta_kl_bits": c["kl_bits"] - base["kl_bits"]}
-    heads, layers = [], []
-    for l in range(L):
-        mask = np.ones((L, NH))
-        mask[l] = 0.0
-        layers.append({"layer": l, **delta(ablated_calibration(params, cfg, batch, mask))})
-        for h in range(NH):
-            mask = np.ones((L, NH))
-            mask[l, h] = 0.0
-            heads.append({"layer": l, "head": h, **delta(ablated_calibration(params, cfg, batch, mask))})
-    worst = max(heads, key=lambda r: r["delta_kl_bits"])
-    by_mae = sorted(heads, key=lambda r: -r["delta_entropy_mae_bits"])
-    worst_mae, second = by_mae[0], by_mae[1] if len(by_mae) > 1 else None
-    return {"baseline": base, "heads": heads, "layers": layers,
-            "hypothesis_frame_head": {"layer": worst["layer"], "head": worst["head"],
-                                      "name": f"L{worst['layer']}H{worst['head']}", "rule": "largest KL increase"},
-            "worst_head_by_entropy_mae": f"L{worst_mae['layer']}H{worst_mae['head']}",
+    by_method = {}
+    for method in methods:
+        heads = [{"layer": l, "head": h, **delta(ablated_calibration(params, cfg, batch, l, (h,), method, clean))}
+                 for l in range(L) for h in range(NH)]
+        layers = [{"layer": l, **delta(ablated_calibration(params, cfg, batch, l, range(NH), method, clean))}
+                  for l in range(L)]
+        by_method[method] = {"heads": heads, "layers": layers, "by_kl": ranked(heads, "delta_kl_bits"),
+                             "by_entropy_mae": ranked(heads, "delta_entropy_mae_bits"),
+                             "heads_above_uniform": [f"L{r['layer']}H{r['head']}" for r in heads
+                                                     if r["kl_bits"] > uniform_kl]}
+    zero = by_method.get("zero") or next(iter(by_method.values()))
+    worst, mae = zero["by_kl"], zero["by_entropy_mae"]
+    return {"baseline": base, "uniform_kl_bits": uniform_kl, "heads": zero["heads"], "layers": zero["layers"],
+            "methods": by_method,
+            "hypothesis_frame_head": {"name": worst["name"], "layer": int(worst["name"][1:].split("H")[0]),
+                                      "head": int(worst["name"].split("H")[1]), "rule": "largest KL increase"},
+            "worst_head_by_entropy_mae": mae["name"],
             "authors_frame_head": {   # the authors' rule: the head whose removal raises the entropy MAE most
-                "name": f"L{worst_mae['layer']}H{worst_mae['head']}",
-                "delta_entropy_mae_bits": worst_mae["delta_entropy_mae_bits"],
-                "second": None if second is None else f"L{second['layer']}H{second['head']}",
-                "second_delta_entropy_mae_bits": None if second is None else second["delta_entropy_mae_bits"],
-                "ratio_to_second": None if second is None or second["delta_entropy_mae_bits"] <= 0
-                else worst_mae["delta_entropy_mae_bits"] / second["delta_entropy_mae_bits"]},
-            "worst_layer": int(max(layers, key=lambda r: r["delta_kl_bits"])["layer"])}
+                "name": mae["name"], "delta_entropy_mae_bits": mae["delta"], "second": mae["second"],
+                "second_delta_entropy_mae_bits": mae["second_delta"], "ratio_to_second": mae["ratio_to_second"]},
+            "worst_layer": int(max(zero["layers"], key=lambda r: r["delta_kl_bits"])["layer"])}
 
 
 # ----------------------------------------------------------------------------
-# probe 6 (formation.py): one snapshot, measured
+# probe 6 (formation.py): one snapshot, measured, and the frame it holds
+
+def frame_matrix(params, task, cfg):
+    """F = LN1(wte[h]) over the hypothesis tokens h: (n, C), the authors' 'embedding' frame."""
+    return token_frame(params, task_module(task).hypothesis_tokens(cfg))
+
 
 def snapshot_state(params, cfg, batch, task):
     """-> attention (per layer, (n, NH, T, T)), a dict of numbers: calibration, per-layer attention
@@ -490,7 +817,7 @@ def snapshot_state(params, cfg, batch, task):
     cols = supervised_columns(batch)
     logits, cache = ba.forward(params, batch["tokens"], cfg)
     post = batch["posterior"][:, cols]
-    state = calibration(ba.softmax.numpy(logits[:, cols].astype(np.float64)), post)
+    state = calibration(ly.softmax.numpy(logits[:, cols].astype(np.float64)), post)
     att = attention_probe(cache, batch, task, cfg)
     state["attention_entropy_bits"] = [l["entropy_bits_mean"] for l in att["layers"]]
     state["consistent_mass"] = [float(np.mean(l["consistent_mass"])) for l in att["layers"]]

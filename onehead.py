@@ -1,30 +1,28 @@
-"""onehead: Paper II's single attention head on the sticky Markov chain (wind tunnel 3), and its optimisers.
+"""onehead: Paper II's single attention head on the sticky Markov chain (sticky.py), and its optimisers.
 
 The model is the paper's single causal attention head: no MLP, no residual, no biases.
-    Q = X W_Q,  K = X W_K,  V = X W_V                X (T, d_x): d_x = 20, d_k = 10, d_v = 15
+    q = x W_Q,  k = x W_K,  v = x W_V                x (T, d_x): d_x = 20, d_k = 10, d_v = 15
     s_ij = q_i . k_j / sqrt(d_k)  (j <= i),  alpha_ij = softmax_j s_ij   (the diagonal included)
     o_i = sum_j alpha_ij v_j,  logits_i = o_i W_O    8 classes; the target at i is y_{i+1}
-Its backward is the EM reading of attention (shared/PAPERS.md, "The gradient equations"):
+Its backward is the EM reading of attention, Paper II's gradient equations, in the transformer's own
+ops (bayesattn.attention_forward and attention_backward, whose Numba twins run inside
+`with kernels.enabled():` and whose NumPy code runs otherwise, as for every model here):
     u_i = dL/do_i = dlogits_i W_O^T                  the error signal of query i
     E-step  ds_ij = alpha_ij (b_ij - b_bar_i)        b_ij = u_i . v_j,  b_bar_i = sum_j alpha_ij b_ij
     M-step  dv_j  = sum_i alpha_ij u_i               each value moves toward the errors of its queries
     dq_i = sum_j ds_ij k_j / sqrt(d_k),  dk_j = sum_i ds_ij q_i / sqrt(d_k)
-Two paths compute it. `head_forward_ref` / `head_backward_ref` are NumPy, line by line, with
-bayesattn's `advantage_routing` (E-step) and `value_update` (M-step): the reference, checked by
-finite differences. `head_forward` / `head_backward` are the fast path for the T = 2000 chain
-(serial Numba kernels that skip the masked half, float32 in training), tested against the
-reference. The fast path uses one identity: o_i = sum_j alpha_ij x_j W_V = h_i W_V with
-h_i = sum_j alpha_ij x_j, so dW_V = X^T dV = X^T alpha^T U = H^T U.
+and then dW_Q = x^T dq, dW_K = x^T dk, dW_V = x^T dv, dW_O = o^T dlogits.
 
-Experiments (Paper II, section on the sticky chain, and past it):
+Experiments (Paper II, section on the sticky chain, and past it; dynamics.py runs them):
     SGD       all four weights, plain SGD, lr 0.01
     EM-like   the same gradient, but W_V stepped with lr 0.1 (10x)
-    M-step    with alpha fixed the model is multinomial logistic regression on h_i: solve it by
-              Newton in W = W_V W_O, write W back into W_V, then one gradient step on W_Q, W_K.
+    M-step    with alpha fixed the model is multinomial logistic regression on h_i = sum_j alpha_ij x_j
+              (o_i = h_i W_V): solve it by Newton in W = W_V W_O, write W back into W_V, then one
+              gradient step on W_Q, W_K.
 
 Notation: B sequences, T time steps, d_x, d_k, d_v as above, K = 8 classes, N = B * T rows.
-Gradient convention: every backward returns FRESH arrays, a dict keyed like the parameters
-("W_Q", "W_K", "W_V", "W_O"). Losses are nats inside the code and bits in every report.
+Gradient convention (layers.py's): a backward returns FRESH arrays, here a dict keyed like the
+parameters ("W_Q", "W_K", "W_V", "W_O"). Losses are nats inside the code and bits in every report.
 """
 
 import math
@@ -32,18 +30,13 @@ import math
 import layers as ly  # first: it sets OPENBLAS_NUM_THREADS=1 before NumPy loads
 import bayesattn as ba
 import numpy as np
-from numba import njit
-
-import windtunnels as wt
 
 D_X, D_K, D_V, N_CLASSES = 20, 10, 15, 8
 INIT_STD = 0.1                           # all four weights ~ N(0, 0.1^2), as the authors
 SEEDS = (42, 2024, 1337, 7777, 9999)     # the authors' five seeds
-MU_SEED = 0                              # the symbol means mu are drawn once, the same for every seed
 EVAL_SEED = 31337                        # held-out sequences, a seed no training run uses
 V_SCALE = 10.0                           # EM-like: W_V steps 10x faster
 ROUTING, VALUE = ("W_Q", "W_K"), ("W_V", "W_O")
-FASTMATH = {"reassoc", "contract"}       # lets the row reductions vectorise; never full fastmath
 LN2 = math.log(2.0)
 
 
@@ -53,30 +46,7 @@ def _rows(a):
 
 
 # ----------------------------------------------------------------------------
-# the task: x[t] = mu[y_t] + sigma * eps_t, target y_{t+1} (windtunnels' convention)
-
-CHAINS = ("exact", "authors")   # self-transition 0.3 exactly, or 0.3498 as the authors' script normalises it
-
-
-def sticky_task(chain="exact"):
-    """Transition matrix P (8, 8) and symbol means mu (8, 20), fixed for every seed. chain "exact":
-    self-transition 0.3 (the paper's text); "authors": 0.3498, what the authors' script builds
-    (windtunnels.sticky_authors_self_prob), whose bound H(Y_t+1 | Y_t) is 2.639 bits, not 2.717."""
-    if chain not in CHAINS:
-        raise ValueError(f"chain={chain!r}: allowed are {', '.join(map(repr, CHAINS))}")
-    self_prob = 0.3 if chain == "exact" else wt.sticky_authors_self_prob(N_CLASSES, 0.3)
-    return wt.sticky_transition(N_CLASSES, self_prob), wt.sticky_means(np.random.default_rng(MU_SEED), N_CLASSES, D_X)
-
-
-def sticky_data(seed, T=2000, n=1, sigma=1.0, chain="exact"):
-    """n chains: inputs x (n, T, d_x) float64 and targets y_{t+1} (n, T) int64."""
-    P, mu = sticky_task(chain)
-    x, y = wt.sticky_sample(np.random.default_rng(seed), P, mu, T, n=n, sigma=sigma)
-    return x, y[:, 1:]
-
-
-# ----------------------------------------------------------------------------
-# the model, reference path (NumPy, the equations line by line)
+# the model
 
 def init_head(seed, std=INIT_STD, dtype="float64"):
     """W_Q (d_x, d_k), W_K (d_x, d_k), W_V (d_x, d_v), W_O (d_v, K), all N(0, std^2)."""
@@ -85,188 +55,54 @@ def init_head(seed, std=INIT_STD, dtype="float64"):
     return {name: rng.normal(0.0, std, shape).astype(dtype) for name, shape in shapes.items()}
 
 
-def head_forward_ref(params, x):
-    """x (B, T, d_x) -> logits (B, T, K), cache."""
-    Q = x @ params["W_Q"]                                        # (B, T, d_k)
-    K = x @ params["W_K"]                                        # (B, T, d_k)
-    V = x @ params["W_V"]                                        # (B, T, d_v)
-    O, alpha = ba.attention_forward.numpy(Q, K, V)                 # (B, T, d_v), (B, T, T): o_i = sum_j alpha_ij v_j
-    logits = O @ params["W_O"]                                   # (B, T, K)
-    return logits, dict(x=x, Q=Q, K=K, V=V, alpha=alpha, O=O)
-
-
-def head_backward_ref(dlogits, cache, params):
-    """dlogits (B, T, K) -> grads. Reverses head_forward_ref line by line."""
-    x, Q, K, V, alpha, O = (cache[k] for k in ("x", "Q", "K", "V", "alpha", "O"))
-    g = {}
-    # forward: logits = O W_O
-    g["W_O"] = _rows(O).T @ _rows(dlogits)                      # (d_v, K)
-    u = dlogits @ params["W_O"].T                                # (B, T, d_v)  u_i = dL/do_i
-    # forward: o_i = sum_j alpha_ij v_j,  alpha = softmax(Q K^T / sqrt(d_k))
-    ds = ba.advantage_routing(u, alpha, V)                       # (B, T, T)  E-step: alpha_ij (b_ij - b_bar_i)
-    dV = ba.value_update(u, alpha)                               # (B, T, d_v) M-step: dv_j = sum_i alpha_ij u_i
-    dQ = ds @ K / math.sqrt(D_K)                                 # (B, T, d_k) dq_i = sum_j ds_ij k_j / sqrt(d_k)
-    dK = np.swapaxes(ds, -1, -2) @ Q / math.sqrt(D_K)            # (B, T, d_k) dk_j = sum_i ds_ij q_i / sqrt(d_k)
-    # forward: Q = x W_Q, K = x W_K, V = x W_V
-    g["W_Q"] = _rows(x).T @ _rows(dQ)
-    g["W_K"] = _rows(x).T @ _rows(dK)
-    g["W_V"] = _rows(x).T @ _rows(dV)
-    return g
-
-
-# ----------------------------------------------------------------------------
-# the model, fast path: serial Numba kernels over the causal half of each (T, T) matrix
-# (serial on purpose: on a shared 2-core machine a parallel loop waits on its slowest thread)
-
-@njit(cache=True, fastmath=FASTMATH)
-def causal_scores_kernel(qs, kT):
-    """qs = Q / sqrt(d_k) (B, T, d_k), kT = K^T (B, d_k, T) -> s (B, T, T):
-    s_ij - max_j s_ij for j <= i (the stable softmax's shift), -inf above the diagonal."""
-    B, T, d_k = qs.shape
-    s = np.empty((B, T, T), dtype=qs.dtype)
-    buf = np.empty(T, dtype=qs.dtype)
-    for bb in range(B):
-        for i in range(T):
-            n = i + 1
-            buf[:n] = 0.0
-            for c in range(d_k):
-                qc = qs[bb, i, c]
-                for j in range(n):
-                    buf[j] += qc * kT[bb, c, j]              # s_ij = q_i . k_j / sqrt(d_k)
-            mx = buf[0]
-            for j in range(1, n):
-                mx = max(mx, buf[j])
-            for j in range(n):
-                s[bb, i, j] = buf[j] - mx
-            for j in range(n, T):
-                s[bb, i, j] = -np.inf                        # causal: no weight on j > i
-    return s
-
-
-@njit(cache=True, fastmath=FASTMATH)
-def causal_normalize_kernel(e):
-    """e = exp(s) (B, T, T), valid on and below the diagonal -> alpha (B, T, T), written over e:
-    alpha_ij = e_ij / sum_j' e_ij' for j <= i, zero above the diagonal."""
-    B, T, _ = e.shape
-    zero = np.zeros(1, dtype=e.dtype)[0]                     # 0 in the arrays' dtype keeps float32 sums float32
-    for bb in range(B):
-        for i in range(T):
-            n = i + 1
-            z = zero
-            for j in range(n):
-                z += e[bb, i, j]
-            for j in range(n):
-                e[bb, i, j] /= z                             # alpha_ij = exp(s_ij) / sum_j exp(s_ij)
-            for j in range(n, T):
-                e[bb, i, j] = 0.0
-    return e
-
-
-@njit(cache=True, fastmath=FASTMATH)
-def routing_backward_kernel(u, alpha, qs, ksT, vT):
-    """E-step and the query/key gradients, one query row at a time.
-    u (B, T, d_v), alpha (B, T, T), qs = Q / sqrt(d_k) (B, T, d_k), ksT = K^T / sqrt(d_k) (B, d_k, T),
-    vT = V^T (B, d_v, T) -> dQ (B, T, d_k), dK^T (B, d_k, T)."""
-    B, T, d_k = qs.shape
-    d_v = u.shape[2]
-    zero = np.zeros(1, dtype=u.dtype)[0]
-    dQ = np.zeros((B, T, d_k), dtype=u.dtype)
-    dKT = np.zeros((B, d_k, T), dtype=u.dtype)
-    ds = np.empty(T, dtype=u.dtype)
-    for bb in range(B):
-        for i in range(T):
-            n = i + 1
-            ds[:n] = 0.0
-            for c in range(d_v):
-                uc = u[bb, i, c]
-                for j in range(n):
-                    ds[j] += uc * vT[bb, c, j]               # b_ij = u_i . v_j
-            b_bar = zero
-            for j in range(n):
-                b_bar += alpha[bb, i, j] * ds[j]             # b_bar_i = sum_j alpha_ij b_ij
-            for j in range(n):
-                ds[j] = alpha[bb, i, j] * (ds[j] - b_bar)    # E-step: ds_ij = alpha_ij (b_ij - b_bar_i)
-            for c in range(d_k):
-                acc = zero
-                for j in range(n):
-                    acc += ds[j] * ksT[bb, c, j]             # dq_i = sum_j ds_ij k_j / sqrt(d_k)
-                dQ[bb, i, c] = acc
-                qc = qs[bb, i, c]
-                for j in range(n):
-                    dKT[bb, c, j] += ds[j] * qc              # dk_j += ds_ij q_i / sqrt(d_k)
-    return dQ, dKT
-
-
-def _exp_causal_(s, block=256):
-    """exp in place on the part of s (B, T, T) on or below the diagonal, in row blocks (NumPy's SIMD exp)."""
-    T = s.shape[1]
-    for r0 in range(0, T, block):
-        r1 = min(T, r0 + block)
-        np.exp(s[:, r0:r1, :r1], out=s[:, r0:r1, :r1])
-
-
-def _T(a):
-    """(B, T, C) -> (B, C, T), contiguous."""
-    return np.ascontiguousarray(np.swapaxes(a, -1, -2))
-
-
 def head_forward(params, x):
-    """Fast twin of head_forward_ref: x (B, T, d_x) -> logits (B, T, K), cache (with H = alpha X)."""
+    """x (B, T, d_x) -> logits (B, T, K), cache. One head: the attention op's head axis has length 1."""
     x = np.ascontiguousarray(x, dtype=params["W_Q"].dtype)
-    Q = x @ params["W_Q"]                                        # (B, T, d_k)
-    K = x @ params["W_K"]                                        # (B, T, d_k)
-    s = causal_scores_kernel(Q / Q.dtype.type(math.sqrt(D_K)), _T(K))   # (B, T, T)
-    _exp_causal_(s)
-    alpha = causal_normalize_kernel(s)                           # (B, T, T)
-    H = alpha @ x                                                # (B, T, d_x)  h_i = sum_j alpha_ij x_j (BLAS)
-    O = H @ params["W_V"]                                        # (B, T, d_v)  o_i = h_i W_V = sum_j alpha_ij v_j
-    logits = O @ params["W_O"]                                   # (B, T, K)
-    return logits, dict(x=x, Q=Q, K=K, alpha=alpha, H=H, O=O)
+    q = x @ params["W_Q"]                                        # (B, T, d_k)
+    k = x @ params["W_K"]                                        # (B, T, d_k)
+    v = x @ params["W_V"]                                        # (B, T, d_v)
+    o, alpha = ba.attention_forward(q[:, None], k[:, None], v[:, None])   # (B, 1, T, d_v), (B, 1, T, T)
+    o, alpha = o[:, 0], alpha[:, 0]                              # o_i = sum_j alpha_ij v_j
+    logits = o @ params["W_O"]                                   # (B, T, K)
+    return logits, dict(x=x, q=q, k=k, v=v, alpha=alpha, o=o)
 
 
-def value_backward(dlogits, cache, params):
-    """The value/output path: -> u (B, T, d_v), {"W_V", "W_O"}. Cheap: no (T, T) work."""
-    g = {"W_O": _rows(cache["O"]).T @ _rows(dlogits)}            # forward: logits = O W_O
-    u = dlogits @ params["W_O"].T                                # (B, T, d_v)  u_i = dL/do_i
-    g["W_V"] = _rows(cache["H"]).T @ _rows(u)                    # M-step summed over j: X^T (alpha^T U) = H^T U
-    return u, g
-
-
-def routing_backward(u, cache, params):
-    """The routing path (E-step): u (B, T, d_v) -> {"W_Q", "W_K"}."""
-    x, Q, K = cache["x"], cache["Q"], cache["K"]
-    scale = Q.dtype.type(1.0 / math.sqrt(D_K))
-    V = x @ params["W_V"]                                        # (B, T, d_v)
-    dQ, dKT = routing_backward_kernel(np.ascontiguousarray(u), cache["alpha"], Q * scale, _T(K) * scale, _T(V))
-    return {"W_Q": _rows(x).T @ _rows(dQ),                       # forward: Q = x W_Q
-            "W_K": _rows(x).T @ _rows(np.swapaxes(dKT, -1, -2))}
+def error_signal(dlogits, params):
+    """u_i = dL/do_i = dlogits_i W_O^T: (B, T, K) -> (B, T, d_v)."""
+    return dlogits @ params["W_O"].T
 
 
 def head_backward(dlogits, cache, params):
-    """Fast twin of head_backward_ref."""
-    u, g = value_backward(dlogits, cache, params)
-    g.update(routing_backward(u, cache, params))
+    """dlogits (B, T, K) -> grads. Reverses head_forward line by line."""
+    x, q, k, v, alpha, o = (cache[n] for n in ("x", "q", "k", "v", "alpha", "o"))
+    g = {"W_O": _rows(o).T @ _rows(dlogits)}                     # forward: logits = o W_O
+    u = error_signal(dlogits, params)                            # (B, T, d_v)
+    # forward: o = alpha v, alpha = softmax(q k^T / sqrt(d_k)): the E-step and the M-step
+    dq, dk, dv = ba.attention_backward(u[:, None], alpha[:, None], q[:, None], k[:, None], v[:, None])
+    # forward: q = x W_Q, k = x W_K, v = x W_V
+    g["W_Q"] = _rows(x).T @ _rows(dq[:, 0])
+    g["W_K"] = _rows(x).T @ _rows(dk[:, 0])
+    g["W_V"] = _rows(x).T @ _rows(dv[:, 0])
     return g
 
 
 def cross_entropy(logits, targets):
     """Mean cross-entropy (nats) of int targets (B, T) under softmax(logits) (B, T, K) -> loss, dlogits:
-    layers.cross_entropy with every position supervised, its NumPy code always (a parallel kernel per
-    call costs more than this whole (N, 8) problem)."""
-    return ly.cross_entropy.numpy(logits, targets, np.ones(targets.shape))
+    layers.cross_entropy with every position supervised."""
+    return ly.cross_entropy(logits, targets, np.ones(targets.shape))
 
 
-def head_loss(params, x, targets, fast=True):
+def head_loss(params, x, targets):
     """Mean cross-entropy (nats) of the targets y_{t+1} (B, T) -> loss, dlogits, logits, cache."""
-    logits, cache = (head_forward if fast else head_forward_ref)(params, x)
+    logits, cache = head_forward(params, x)
     loss, dlogits = cross_entropy(logits, targets)
     return loss, dlogits, logits, cache
 
 
-def head_loss_and_grads(params, x, targets, fast=True):
+def head_loss_and_grads(params, x, targets):
     """-> loss (nats), grads, cache."""
-    loss, dlogits, _, cache = head_loss(params, x, targets, fast)
-    return loss, (head_backward if fast else head_backward_ref)(dlogits, cache, params), cache
+    loss, dlogits, _, cache = head_loss(params, x, targets)
+    return loss, head_backward(dlogits, cache, params), cache
 
 
 # ----------------------------------------------------------------------------
@@ -343,19 +179,15 @@ def refactor_values(W, params):
     return W_V.astype(params["W_V"].dtype)
 
 
-def m_step_update(params, cache, targets, lr):
-    """One step of the M-step arm, in place: the M-step at fixed alpha, then one gradient step on
-    W_Q, W_K whose E-step sees the new values.
+def m_step_update(params, cache, x, targets, lr):
+    """One step of the M-step arm, in place: the M-step at fixed alpha, then one gradient step on W_Q, W_K
+    whose E-step sees the new values.
     -> loss after the M-step (nats), the Newton losses, routing grads, u (B, T, d_v) at the new values."""
-    H = _rows(cache["H"]).astype(np.float64)                     # (N, d_x) h_i = sum_j alpha_ij x_j
+    H = _rows(cache["alpha"] @ cache["x"]).astype(np.float64)   # (N, d_x) h_i = sum_j alpha_ij x_j
     W = params["W_V"].astype(np.float64) @ params["W_O"].astype(np.float64)
     W, losses = m_step(H, targets.reshape(-1), W)
     params["W_V"] = refactor_values(W, params)
-    cache["O"] = cache["H"] @ params["W_V"]                      # same alpha, new values
-    loss, dlogits = cross_entropy(cache["O"] @ params["W_O"], targets)
-    u, _ = value_backward(dlogits, cache, params)
-    g = routing_backward(u, cache, params)
+    loss, dlogits, _, new = head_loss(params, x, targets)        # the same alpha (W_Q, W_K unchanged), new values
+    g = {name: grad for name, grad in head_backward(dlogits, new, params).items() if name in ROUTING}
     sgd_step({k: params[k] for k in ROUTING}, g, lr)
-    return loss, losses, g, u
-
-
+    return loss, losses, g, error_signal(dlogits, params)

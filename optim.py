@@ -8,11 +8,6 @@ import math
 import numpy as np
 
 
-def default_decay(name):
-    """Weight decay applies to matrices (projections, embeddings), not to biases or LayerNorm gains."""
-    return name.endswith((".wq", ".wk", ".wv", ".wo", ".w1", ".w2", ".w", ".wte", ".wpe")) or name in ("wte", "wpe")
-
-
 def adamw_init(params):
     return {"t": 0,
             "m": {k: np.zeros_like(v) for k, v in params.items()},
@@ -20,10 +15,12 @@ def adamw_init(params):
 
 
 def adamw_step(params, grads, state, lr, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.0,
-               decay=default_decay, lr_scale=None):
+               decay=None, lr_scale=None):
     """One AdamW step, in place on params and state:
         m = b1 m + (1 - b1) g,  v = b2 v + (1 - b2) g^2,  mhat = m / (1 - b1^t),  vhat = v / (1 - b2^t)
-        p = p - lr * (mhat / (sqrt(vhat) + eps) + wd * p)      (wd only where decay(name))
+        p = p - lr * (mhat / (sqrt(vhat) + eps) + wd * p)      (wd only on the names in decay)
+    decay: the set of parameter names that take weight decay (models.decay_set: the family's rule); None:
+    every matrix (two or more axes), no vector or gain.
     lr_scale: optional dict name -> factor multiplying lr for that tensor (two-timescale schedules)."""
     state["t"] += 1
     t = state["t"]
@@ -37,7 +34,7 @@ def adamw_step(params, grads, state, lr, beta1=0.9, beta2=0.95, eps=1e-8, weight
         mhat = m / (1 - beta1 ** t)
         vhat = v / (1 - beta2 ** t)
         step_lr = lr * (lr_scale.get(name, 1.0) if lr_scale else 1.0)
-        if weight_decay and decay(name):
+        if weight_decay and (name in decay if decay is not None else p.ndim >= 2):
             p -= step_lr * weight_decay * p
         p -= step_lr * mhat / (np.sqrt(vhat) + eps)
 

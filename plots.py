@@ -27,7 +27,8 @@ def _save(fig, path, dpi=120):
 # ----------------------------------------------------------------------------
 # training runs: calibration, single sequences, length generalisation (train.py)
 
-def plot_calibration(results, task, path):
+def plot_calibration(results, task, label, path):
+    """Every model's entropy by answer index against the exact posterior's; label: the task's ANSWER_LABEL."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     first = next(iter(results.values()))
@@ -36,7 +37,7 @@ def plot_calibration(results, task, path):
     for name, m in results.items():
         ax.plot(pos, [r["H_model"] for r in m["per_position"]], "o-", ms=3,
                 label=f"{name} (MAE {m['entropy_mae_bits']:.3g} bits)")
-    ax.set_xlabel("observation t" if task == "hmm" else "key index i (pairs seen = i - 1)")
+    ax.set_xlabel(label)
     ax.set_ylabel("predictive entropy (bits)")
     ax.set_title(f"{task}: model entropy against the exact posterior")
     ax.legend(frameon=False)
@@ -44,7 +45,8 @@ def plot_calibration(results, task, path):
     return _save(fig, path)
 
 
-def plot_traces(traces, task, path):
+def plot_traces(traces, task, label, path):
+    """Four held-out sequences: the model's entropy at each answer against that sequence's own posterior."""
     plt = _plt()
     fig, axes = plt.subplots(2, 2, figsize=(8, 5), sharex=True, sharey=True)
     for s, ax in enumerate(axes.ravel()):
@@ -54,7 +56,7 @@ def plot_traces(traces, task, path):
         ax.set_title(f"held-out sequence {s}", fontsize=9)
     axes[0, 0].legend(frameon=False, fontsize=8)
     for ax in axes[1]:
-        ax.set_xlabel("observation t" if task == "hmm" else "key index i (pairs seen = i - 1)")
+        ax.set_xlabel(label)
     for ax in axes[:, 0]:
         ax.set_ylabel("entropy (bits)")
     fig.suptitle(f"{task}: single sequences")
@@ -191,23 +193,31 @@ def plot_attention_entropy(att, task, cfg, title, path):
 
 
 def plot_manifold(man, xy, title, path, max_points=4000):
+    """Probe 3: the final residual stream (before the final LayerNorm) on its first two PCs, coloured by
+    H_Bayes: every answer row, then only the rows where H_Bayes is graded, without the dominating positions
+    (the PCA refit on them)."""
     plt = _plt()
-    attn_xy, resid_xy, h = xy
-    idx = np.random.default_rng(0).permutation(len(h))[:max_points]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.6))
-    for ax, pts, key, name in ((axes[0], attn_xy, "attn_out_last", "last layer attention output"),
-                               (axes[1], resid_xy, "residual_final", "final residual stream")):
-        s = man[key]
+    fmt = lambda r: "n/a" if r is None else f"{r:+.2f}"
+    m = man["residual_final"]
+    graded = m.get("graded_refit") or m.get("without_dominant") or m
+    dropped = xy["dominant"]
+    panels = ((axes[0], xy["all"], f"all answer rows\nPC1 {100 * m['pc1_variance']:.1f}% of variance, Spearman(PC1, H) "
+                                   f"{fmt(m['spearman_pc1_entropy'])}; within a position "
+                                   f"{fmt(m['mean_within_position_spearman'])}"),
+              (axes[1], xy["graded"], f"graded rows ({man['graded_rows']})"
+                                      + (f", without position{'s' if len(dropped) > 1 else ''} {dropped}" if dropped else "")
+                                      + f"\nPCA refit; within-position Spearman(PC1 of all rows, H) "
+                                        f"{fmt(m.get('within_position_spearman_graded', m['mean_within_position_spearman']))}; "
+                                        f"held-out readout R^2 {fmt(m.get('readout_r2_graded', m['readout_r2']))}"))
+    for ax, (pts, h), label in panels:
+        idx = np.random.default_rng(0).permutation(len(h))[:max_points]
         sc = ax.scatter(pts[idx, 0], pts[idx, 1], c=h[idx], s=5, cmap="viridis", alpha=0.7)
-        fmt = lambda r: "n/a" if r is None else f"{r:+.3f}"
-        ax.set_title(f"{name}\nPC1 {100 * s['pc1_variance']:.1f}%, PC1+2 {100 * s['pc12_variance']:.1f}% of variance; "
-                     f"Spearman(PC1, H) = {fmt(s['spearman_pc1_entropy'])}\ncontrols: Spearman(PC1, position) = "
-                     f"{fmt(s['spearman_pc1_position'])}, within-position = {fmt(s['mean_within_position_spearman'])}",
-                     fontsize=8)
+        ax.set_title(label, fontsize=8)
         ax.set_xlabel("PC1")
         ax.set_ylabel("PC2")
         fig.colorbar(sc, ax=ax, label="posterior entropy H_Bayes (bits)")
-    fig.suptitle(f"{title}: the entropy-ordered manifold at supervised positions")
+    fig.suptitle(f"{title}: the final residual stream (before the final LayerNorm) at the answer rows")
     fig.tight_layout()
     return _save(fig, path)
 

@@ -6,7 +6,8 @@ derivative sum((f(x+h e) - f(x-h e)) * dout) / 2h, one entry e at a time, gives 
 gradient. Relative error per tensor = max|a - n| / max(max|a|, max|n|): the worst difference
 against the tensor's own scale (a per-entry ratio would blow up on entries that are ~0).
 Every op's check and the whole model's run on both paths: the NumPy ops as written ("numpy") and
-their twins in kernels.py ("numba"), chosen by the `path` fixture.
+their twins in kernels.py ("numba"), chosen by the `path` fixture. No test may leave the switch on:
+`switch_is_off_around_every_test` checks layers.FAST before and after each one.
 """
 
 import math
@@ -19,6 +20,7 @@ import pytest
 import bayesattn as ba
 import kernels
 import layers
+import models
 import optim
 
 H = 1e-5
@@ -52,14 +54,25 @@ def assert_grads(analytic, numeric, tol=GRAD_TOL):
     return errors
 
 
+@pytest.fixture(autouse=True)
+def switch_is_off_around_every_test():
+    """Every test starts and ends on the NumPy path: a test (or the code it runs) that leaves the fast path
+    on fails here, instead of silently running the twins in the "numpy" tests after it."""
+    assert layers.FAST == {}, f"the fast path was left on before this test: {sorted(layers.FAST)}"
+    yield
+    assert layers.FAST == {}, f"this test left the fast path on: {sorted(layers.FAST)}"
+
+
 @pytest.fixture(params=["numpy", "numba"])
 def path(request):
     """Run the test on the NumPy ops as written, then on their Numba twins; the switch comes back after."""
-    before = dict(layers.FAST)
-    kernels.enable() if request.param == "numba" else kernels.disable()
-    yield request.param
-    layers.FAST.clear()
-    layers.FAST.update(before)
+    with kernels.enabled() if request.param == "numba" else layers.use_twins({}):
+        yield request.param
+
+
+def own_op(op, path):
+    """The code one path runs for a twinned op: its NumPy function, or its twin in kernels.py."""
+    return op.numpy if path == "numpy" else getattr(kernels, op.__name__)
 
 
 # ----------------------------------------------------------------------------
@@ -69,8 +82,9 @@ def test_linear_backward(path):
     rng = np.random.default_rng(0)
     x, w, b = rng.normal(size=(2, 3, 4)), rng.normal(size=(4, 5)), rng.normal(size=5)
     dout = rng.normal(size=(2, 3, 5))
-    dx, dw, db = ba.linear_backward(dout, x, w)
-    f = lambda: ba.linear_forward(x, w, b)[0]
+    _, cache = layers.linear_forward(x, w, b)
+    dx, dw, db = layers.linear_backward(dout, cache)
+    f = lambda: layers.linear_forward(x, w, b)[0]
     assert_grads({"x": dx, "w": dw, "b": db},
                  {"x": numerical_grad(lambda _: f(), x, dout), "w": numerical_grad(lambda _: f(), w, dout),
                   "b": numerical_grad(lambda _: f(), b, dout)})
@@ -81,8 +95,9 @@ def test_embedding_backward(path):
     wte, wpe = rng.normal(size=(6, 4)), rng.normal(size=(5, 4))
     tokens = np.array([[0, 2, 2, 5], [1, 0, 3, 3]])             # repeated tokens must add up
     dout = rng.normal(size=(2, 4, 4))
-    dwte, dwpe = ba.embedding_backward(dout, tokens, 6)
-    f = lambda _: ba.embedding_forward(wte, wpe, tokens)[0]
+    _, cache = layers.embedding_forward(wte, wpe, tokens)
+    dwte, dwpe = layers.embedding_backward(dout, cache)
+    f = lambda _: layers.embedding_forward(wte, wpe, tokens)[0]
     num_pe = numerical_grad(f, wpe, dout)
     assert_grads({"wte": dwte, "wpe": dwpe}, {"wte": numerical_grad(f, wte, dout), "wpe": num_pe[:4]})
     assert np.all(num_pe[4] == 0)
@@ -92,9 +107,9 @@ def test_layernorm_backward(path):
     rng = np.random.default_rng(2)
     x, g, b = rng.normal(size=(2, 3, 6)), rng.normal(size=6), rng.normal(size=6)
     dout = rng.normal(size=(2, 3, 6))
-    _, cache = ba.layernorm_forward(x, g, b)
-    dx, dg, db = ba.layernorm_backward(dout, cache)
-    f = lambda _: ba.layernorm_forward(x, g, b)[0]
+    _, cache = layers.layernorm_forward(x, g, b)
+    dx, dg, db = layers.layernorm_backward(dout, cache)
+    f = lambda _: layers.layernorm_forward(x, g, b)[0]
     assert_grads({"x": dx, "g": dg, "b": db},
                  {"x": numerical_grad(f, x, dout), "g": numerical_grad(f, g, dout), "b": numerical_grad(f, b, dout)})
 
@@ -102,9 +117,9 @@ def test_layernorm_backward(path):
 def test_gelu_backward(path):
     rng = np.random.default_rng(3)
     x, dout = rng.normal(size=(4, 7)) * 2, rng.normal(size=(4, 7))
-    _, cache = ba.gelu_forward(x)
-    assert_grads({"x": ba.gelu_backward(dout, cache)},
-                 {"x": numerical_grad(lambda _: ba.gelu_forward(x)[0], x, dout)})
+    _, cache = layers.gelu_forward(x)
+    assert_grads({"x": layers.gelu_backward(dout, cache)},
+                 {"x": numerical_grad(lambda _: layers.gelu_forward(x)[0], x, dout)})
 
 
 def test_attention_backward(path):
@@ -124,8 +139,8 @@ def test_cross_entropy_backward(soft, path):
     logits = rng.normal(size=(2, 4, 5))
     mask = np.array([[1, 0, 1, 1], [0, 1, 1, 0]], dtype=float)
     targets = rng.dirichlet(np.ones(5), size=(2, 4)) if soft else rng.integers(0, 5, (2, 4))
-    loss, dlogits = ba.cross_entropy(logits, targets, mask)
-    num = numerical_grad(lambda z: np.array(ba.cross_entropy(z, targets, mask)[0]), logits, np.array(1.0))
+    loss, dlogits = layers.cross_entropy(logits, targets, mask)
+    num = numerical_grad(lambda z: np.array(layers.cross_entropy(z, targets, mask)[0]), logits, np.array(1.0))
     assert_grads({"logits": dlogits}, {"logits": num})
     assert np.all(dlogits[mask == 0] == 0)
 
@@ -136,10 +151,11 @@ def test_cross_entropy_by_hand(path):
     target at the supervised row: (1/3 - 1, 1/3, 1/3) / 1."""
     logits = np.zeros((1, 2, 3))
     mask = np.array([[1.0, 0.0]])
-    loss, d = ba.cross_entropy(logits, np.array([[0, 2]]), mask)
-    assert loss == pytest.approx(math.log(3)) and ba.bits(loss) == pytest.approx(math.log2(3))
-    np.testing.assert_allclose(d[0, 0], [1 / 3 - 1, 1 / 3, 1 / 3]) and np.testing.assert_array_equal(d[0, 1], 0)
-    loss, _ = ba.cross_entropy(logits, np.array([[[0.5, 0.5, 0.0], [1, 0, 0]]]), mask)
+    loss, d = layers.cross_entropy(logits, np.array([[0, 2]]), mask)
+    assert loss == pytest.approx(math.log(3)) and layers.bits(loss) == pytest.approx(math.log2(3))
+    np.testing.assert_allclose(d[0, 0], [1 / 3 - 1, 1 / 3, 1 / 3])
+    np.testing.assert_array_equal(d[0, 1], 0)
+    loss, _ = layers.cross_entropy(logits, np.array([[[0.5, 0.5, 0.0], [1, 0, 0]]]), mask)
     assert loss == pytest.approx(math.log(3))
 
 
@@ -203,12 +219,14 @@ def test_kernels_match_references(dtype):
         assert a.dtype == dtype
         _close(a, e, dtype)
     _close(kernels.gelu_forward(x)[0], layers.gelu_forward.numpy(x)[0], dtype)
-    _close(kernels.gelu_backward(dy, x), layers.gelu_backward.numpy(dy, x), dtype)
+    _close(kernels.gelu_backward(dy, x), layers.gelu_backward.numpy(dy, x), dtype)      # the cache is x
     _close(kernels.softmax(x * 3), layers.softmax.numpy(x * 3), dtype)
     w, bias = r(24, 5), r(5)
-    _close(kernels.linear_forward(x, w, bias)[0], layers.linear_forward.numpy(x, w, bias)[0], dtype)
+    (out, lin_cache), (out_ref, lin_cache_ref) = pair("linear_forward", x, w, bias)
+    _close(out, out_ref, dtype)
+    assert lin_cache[0] is x and lin_cache[1] is w and lin_cache_ref[0] is x and lin_cache_ref[1] is w
     dout = r(13, 5)
-    for a, e in zip(kernels.linear_backward(dout, x, w), layers.linear_backward.numpy(dout, x, w)):
+    for a, e in zip(*pair("linear_backward", dout, (x, w))):
         _close(a, e, dtype)
     q, k, v, u = r(3, 2, 7, 4), r(3, 2, 7, 4), r(3, 2, 7, 4), r(3, 2, 7, 4)
     o, alpha = kernels.attention_forward(q, k, v)
@@ -225,7 +243,7 @@ def test_kernels_match_references(dtype):
     for a, e in zip(kernels.layernorm_backward(dy2, cache2), layers.layernorm_backward.numpy(dy2, cache2)):
         _close(a, e, dtype)
     tokens = rng.integers(0, 4, (1, 13))
-    for a, e in zip(kernels.embedding_backward(x[None], tokens, 5), layers.embedding_backward.numpy(x[None], tokens, 5)):
+    for a, e in zip(*pair("embedding_backward", x[None], (tokens, 5))):
         _close(a, e, dtype)
     logits, w = r(1, 13, 5), (rng.random((1, 13)) < 0.7).astype(np.float64)
     hard, soft = rng.integers(0, 5, (1, 13)), rng.dirichlet(np.ones(5), (1, 13)).astype(dtype)
@@ -388,25 +406,109 @@ def test_each_parallel_kernel_has_one_parallel_loop():
 
 
 # ----------------------------------------------------------------------------
-# numerical extremes
+# numerical extremes: each path runs its own softmax, attention and cross-entropy (the NumPy code on the
+# "numpy" path, the twin in kernels.py on the "numba" path) at logits of order 1e4 and at -inf entries
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_extreme_logits_stay_finite(dtype, path):
-    logits = np.array([[1e4, -1e4, 0.0, 1e4], [-1e4, -1e4, -1e4, -1e4]], dtype=dtype)
-    p = kernels.softmax_kernel(logits)
-    assert np.all(np.isfinite(p)) and np.allclose(p.sum(-1), 1.0)
-    np.testing.assert_allclose(p[0], [0.5, 0, 0, 0.5], atol=1e-6)
+def test_softmax_at_extreme_logits(dtype, path):
+    """e^(-1e4) underflows to exactly 0, so every answer is exact: ties share the mass equally, a logit ahead
+    by 1e4 takes all of it, a row of equal huge logits is uniform, and a -inf entry gets exactly 0."""
+    softmax = own_op(layers.softmax, path)
+    inf = np.inf
+    logits = np.array([[1e4, -1e4, 0.0, 1e4],             # two tied maxima
+                       [1e4, 0.0, 0.0, -1e4],             # one logit dominates
+                       [1e4, 1e4, 1e4, 1e4],              # all equal and huge
+                       [-1e4, -1e4, -1e4, -1e4],
+                       [-inf, 1e4, -inf, 0.0],            # masked entries
+                       [-inf, 3.0, -inf, 3.0]], dtype=dtype)
+    want = [[0.5, 0, 0, 0.5], [1, 0, 0, 0], [0.25] * 4, [0.25] * 4, [0, 1, 0, 0], [0, 0.5, 0, 0.5]]
+    p = softmax(logits)
+    assert p.dtype == dtype and np.all(np.isfinite(p)), p
+    np.testing.assert_allclose(p, want, rtol=1e-6, atol=0)
     long_row = np.random.default_rng(9).normal(size=(2, 100_000)).astype(dtype) * 1e4
-    assert np.all(np.isfinite(kernels.softmax_kernel(long_row)))
-    for targets in (np.array([[1, 0]]), np.eye(4, dtype=dtype)[[[1, 0]]]):
-        loss, dz = ba.cross_entropy(logits[None], targets, np.ones((1, 2)))
-        assert math.isfinite(loss) and np.all(np.isfinite(dz))
-        assert loss == pytest.approx(1e4, rel=1e-3)            # row 0 puts ~no mass on class 1
-    q = np.full((1, 1, 50, 4), 1e3, dtype=dtype)                # scores of order 1e6 / 2
-    k = np.random.default_rng(10).normal(size=(1, 1, 50, 4)).astype(dtype)
-    o, alpha = kernels.attention_forward_kernel(q, k, k)
-    dq, dk, dv = kernels.attention_backward_kernel(np.ones_like(q), alpha, q, k, k)
+    p = softmax(long_row)
+    assert np.all(np.isfinite(p)) and np.allclose(p.sum(-1), 1.0)
+    assert np.all(p.argmax(-1) == long_row.argmax(-1))
+
+
+@pytest.mark.parametrize("soft", [False, True], ids=["hard", "soft"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_cross_entropy_at_extreme_logits(dtype, soft, path):
+    """Row 0: logits (1e4, -1e4, 0, 1e4), target class 1: logsumexp = 1e4 + ln 2, so its loss is 2e4 + ln 2 and
+    softmax - onehot = (1/2, -1, 0, 1/2). Row 1: all -1e4 (all equal), target 0: ln 4, and (1/4 - 1, 1/4, 1/4, 1/4).
+    Both supervised: loss 1e4 + 1.5 ln 2, dlogits halved."""
+    cross_entropy = own_op(layers.cross_entropy, path)
+    logits = np.array([[[1e4, -1e4, 0.0, 1e4], [-1e4, -1e4, -1e4, -1e4]]], dtype=dtype)
+    targets = np.array([[1, 0]])
+    if soft:
+        targets = np.eye(4, dtype=dtype)[targets]                # the same targets as distributions
+    loss, dz = cross_entropy(logits, targets, np.ones((1, 2)))
+    assert math.isfinite(loss) and dz.dtype == dtype and np.all(np.isfinite(dz)), (loss, dz)
+    assert loss == pytest.approx(1e4 + 1.5 * math.log(2), rel=1e-6)
+    np.testing.assert_allclose(dz[0], [[0.25, -0.5, 0, 0.25], [-0.375, 0.125, 0.125, 0.125]], rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("soft", [False, True], ids=["hard", "soft"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_cross_entropy_with_masked_out_classes(dtype, soft, path):
+    """A class masked out with logit -inf has probability 0 and costs nothing where it is not the target.
+    Row 0, target 1: (-inf, 1e4, -inf, 0): loss ln(1 + e^-1e4) = 0, dlogits 0. Row 1, unsupervised: -inf
+    logits count for nothing. Row 2, target 3: (-inf, 0, -inf, 0): ln 2, softmax - onehot = (0, 1/2, 0, -1/2).
+    Two supervised rows: loss ln 2 / 2, dlogits halved."""
+    cross_entropy = own_op(layers.cross_entropy, path)
+    inf = np.inf
+    logits = np.array([[[-inf, 1e4, -inf, 0.0], [-inf, 2.0, 1.0, -inf], [-inf, 0.0, -inf, 0.0]]], dtype=dtype)
+    targets = np.array([[1, 0, 3]])
+    if soft:
+        targets = np.eye(4, dtype=dtype)[targets]
+    loss, dz = cross_entropy(logits, targets, np.array([[1.0, 0.0, 1.0]]))
+    assert math.isfinite(loss) and np.all(np.isfinite(dz)), (loss, dz)
+    assert loss == pytest.approx(math.log(2) / 2, rel=1e-6)
+    np.testing.assert_allclose(dz[0], [[0, 0, 0, 0], [0, 0, 0, 0], [0, 0.25, 0, -0.25]], rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_attention_at_extreme_scores(dtype, path):
+    """Every query is (1e3, 1e3, 1e3, 1e3) and key j is c_j (1, 1, 1, 1), so s_ij = 4e3 c_j / sqrt(4) = 2e3 c_j:
+    scores up to 1.2e4, and gaps of at least 2e3 between different c_j, whose e^(-gap) is exactly 0. With
+    c = (5, 5, 5, -5, 6, 0) query i attends uniformly to the j <= i with the largest c_j:
+        i = 0: j = 0;  i = 1: 0, 1 (1/2 each);  i = 2: 0, 1, 2 (a row of equal scores 1e4, 1/3 each);
+        i = 3: 0, 1, 2 (j = 3 scores -1e4);  i = 4, 5: j = 4 alone (one-hot),
+    and nothing above the diagonal (-inf before the causal softmax). Then o = alpha v, and the backward is
+    the E-step and M-step on that alpha: dv = alpha^T u, ds = alpha (b - b_bar), dq = ds k / 2, dk = ds^T q / 2."""
+    attention_forward, attention_backward = own_op(ba.attention_forward, path), own_op(ba.attention_backward, path)
+    rng = np.random.default_rng(10)
+    T, hs = 6, 4
+    c = np.array([5.0, 5.0, 5.0, -5.0, 6.0, 0.0])
+    q = np.full((1, 1, T, hs), 1e3, dtype=dtype)
+    k = (c[:, None] * np.ones(hs))[None, None].astype(dtype)
+    v, u = rng.normal(size=(1, 1, T, hs)).astype(dtype), rng.normal(size=(1, 1, T, hs)).astype(dtype)
+    A = np.zeros((T, T))
+    A[0, 0] = 1
+    A[1, :2] = 1 / 2
+    A[2, :3] = A[3, :3] = 1 / 3
+    A[4, 4] = A[5, 4] = 1
+    o, alpha = attention_forward(q, k, v)
+    dq, dk, dv = attention_backward(u, alpha, q, k, v)
+    assert all(t.dtype == dtype and np.all(np.isfinite(t)) for t in (o, alpha, dq, dk, dv))
+    np.testing.assert_allclose(alpha[0, 0], A, rtol=1e-6, atol=0)
+    q64, k64, v64, u64 = (t[0, 0].astype(np.float64) for t in (q, k, v, u))
+    b = u64 @ v64.T                                                       # b_ij = u_i . v_j
+    ds = A * (b - (A * b).sum(-1, keepdims=True))                         # alpha_ij (b_ij - b_bar_i)
+    # each against the size of the terms it sums (dq's are exactly 0: each row of ds sums to 0 over keys
+    # that are all equal where alpha is not 0)
+    for name, got, want, terms in (("o", o, A @ v64, A @ abs(v64)), ("dv", dv, A.T @ u64, A.T @ abs(u64)),
+                                   ("dq", dq, ds @ k64 / 2, abs(ds) @ abs(k64) / 2),
+                                   ("dk", dk, ds.T @ q64 / 2, abs(ds).T @ abs(q64) / 2)):
+        err = float(np.abs(got[0, 0] - want).max() / terms.max())
+        assert err <= KERNEL_TOL[dtype], f"{name}: error {err:.2e} against the hand-built alpha, relative to its terms"
+    # random keys under queries of 1e3: scores of order 1e3, every output finite and every row a distribution
+    k = np.random.default_rng(11).normal(size=(1, 1, 50, 4)).astype(dtype)
+    q = np.full((1, 1, 50, 4), 1e3, dtype=dtype)
+    o, alpha = attention_forward(q, k, k)
+    dq, dk, dv = attention_backward(np.ones_like(q), alpha, q, k, k)
     assert all(np.all(np.isfinite(t)) for t in (o, alpha, dq, dk, dv))
+    np.testing.assert_allclose(alpha.sum(-1), 1.0, rtol=1e-5)
 
 
 # ----------------------------------------------------------------------------
@@ -423,9 +525,9 @@ def tiny_model(pos="learned", seed=0):
 
 
 def model_gradient_errors(cfg, params, tokens, targets, mask):
-    loss, grads = ba.loss_and_grads(params, tokens, targets, mask, cfg)
+    loss, grads = models.loss_and_grads("transformer", params, tokens, targets, mask, cfg)
     assert set(grads) == set(params), set(grads) ^ set(params)
-    f = lambda _: np.array(ba.loss_and_grads(params, tokens, targets, mask, cfg)[0])
+    f = lambda _: np.array(models.loss_and_grads("transformer", params, tokens, targets, mask, cfg)[0])
     numeric = {name: numerical_grad(f, params[name], np.array(1.0)) for name in params}
     # b_k shifts every score of a query by the same q_i . b_k: softmax ignores it, and
     # sum_j dk_j = sum_i q_i sum_j ds_ij = 0 because each row of ds sums to zero.
@@ -453,7 +555,7 @@ def test_clamped_positions_share_the_last_row(path):
     rng = np.random.default_rng(14)
     tokens, targets, mask = rng.integers(0, 7, (2, 5)), rng.integers(0, 5, (2, 5)), np.ones((2, 5))
     model_gradient_errors(clamped, params, tokens, targets, mask)     # every tensor, wpe rows 0..2 included
-    _, grads = ba.loss_and_grads(params, tokens, targets, mask, clamped)
+    _, grads = models.loss_and_grads("transformer", params, tokens, targets, mask, clamped)
     assert np.all(grads["wpe"][3:] == 0) and np.any(grads["wpe"][2] != 0)
     copied = dict(params, wpe=params["wpe"].copy())
     copied["wpe"][3:5] = params["wpe"][2]                               # t = 3, 4 read row 2
@@ -470,9 +572,9 @@ def test_head_mask_gradients_and_ablation(path):
     head_mask = np.array([[1.0, 0.0], [1.0, 1.0]])
     logits, cache = ba.forward(params, tokens, cfg, head_mask=head_mask)
     assert np.all(cache["layers"][0]["head_out"][:, 1] == 0)
-    loss, dlogits = ba.cross_entropy(logits, targets, mask)
+    loss, dlogits = layers.cross_entropy(logits, targets, mask)
     grads = ba.backward(dlogits, cache, params, cfg)
-    f = lambda _: np.array(ba.cross_entropy(ba.forward(params, tokens, cfg, head_mask=head_mask)[0], targets, mask)[0])
+    f = lambda _: np.array(layers.cross_entropy(ba.forward(params, tokens, cfg, head_mask=head_mask)[0], targets, mask)[0])
     name = "blocks.0.attn.wq"
     assert_grads({name: grads[name]}, {name: numerical_grad(f, params[name], np.array(1.0))})
     hs = cfg.d_model // cfg.n_heads                             # the ablated head's query columns get nothing
@@ -502,7 +604,7 @@ def test_adamw_hand_computed_step():
     grads = {"a.w": np.array([0.1, -0.3]), "a.b": np.array([2.0])}
     state = optim.adamw_init(params)
     lr, b1, b2, eps, wd = 0.1, 0.9, 0.99, 1e-8, 0.5
-    optim.adamw_step(params, grads, state, lr, beta1=b1, beta2=b2, eps=eps, weight_decay=wd)
+    optim.adamw_step(params, grads, state, lr, beta1=b1, beta2=b2, eps=eps, weight_decay=wd, decay={"a.w"})
     # t = 1: m = 0.1 g, v = 0.01 g^2, mhat = g, vhat = g^2, so the Adam step is lr * g / (|g| + eps)
     w_expected = np.array([1.0, -2.0]) * (1 - lr * wd) - lr * np.array([0.1, -0.3]) / (np.array([0.1, 0.3]) + eps)
     b_expected = 0.5 - lr * 2.0 / (2.0 + eps)                  # biases are not decayed
@@ -512,6 +614,13 @@ def test_adamw_hand_computed_step():
     # t = 2 with the same gradient: mhat = g, vhat = g^2 again (bias correction)
     optim.adamw_step(params, grads, state, lr, beta1=b1, beta2=b2, eps=eps, weight_decay=0.0)
     np.testing.assert_allclose(params["a.b"], [b_expected - lr * 2.0 / (2.0 + eps)], rtol=1e-12)
+    # decay=None: matrices decay, vectors do not. With zero gradients the Adam term is 0, so a matrix
+    # shrinks by exactly (1 - lr wd) and a vector stays
+    params = {"m": np.array([[1.0, -2.0]]), "g": np.array([1.0, -2.0])}
+    optim.adamw_step(params, {k: np.zeros_like(v) for k, v in params.items()}, optim.adamw_init(params), lr,
+                     weight_decay=wd)
+    np.testing.assert_allclose(params["m"], [[1.0 * (1 - lr * wd), -2.0 * (1 - lr * wd)]], rtol=1e-15)
+    np.testing.assert_array_equal(params["g"], [1.0, -2.0])
 
 
 def test_clip_and_schedule():
@@ -532,7 +641,7 @@ def test_tiny_model_overfits_one_batch(path):
     tokens, targets, mask = rng.integers(0, 10, (4, 8)), rng.integers(0, 6, (4, 8)), np.ones((4, 8))
     first = None
     for step in range(300):
-        loss, grads = ba.loss_and_grads(params, tokens, targets, mask, cfg)
+        loss, grads = models.loss_and_grads("transformer", params, tokens, targets, mask, cfg)
         first = loss if first is None else first
         optim.clip_grad_norm(grads, 1.0)
         optim.adamw_step(params, grads, state, 1e-2)
@@ -552,7 +661,7 @@ def test_config_rejects_bad_values():
     with pytest.raises(ValueError, match="token ids must lie in 0..6"):
         ba.forward(params, np.array([[0, 7]]), cfg)
     with pytest.raises(ValueError, match="class targets must lie in 0..4"):
-        ba.cross_entropy(np.zeros((1, 2, 5)), np.array([[0, 5]]), np.ones((1, 2)))
+        layers.cross_entropy(np.zeros((1, 2, 5)), np.array([[0, 5]]), np.ones((1, 2)))
     with pytest.raises(ValueError, match="exceeds max_len=6"):
         ba.forward(params, np.zeros((1, 7), dtype=int), cfg)
 
@@ -562,6 +671,7 @@ def test_param_shapes_are_init_params_shapes(pos):
     import mlp_baseline as mb
     cfg = ba.Config(vocab_size=7, n_classes=5, max_len=6, d_model=8, n_layers=2, n_heads=2, pos=pos)
     assert ba.param_shapes(cfg) == {k: v.shape for k, v in ba.init_params(cfg).items()}
+    assert models.param_shapes("transformer", cfg) == ba.param_shapes(cfg)
     for inputs in mb.INPUTS:
-        mcfg = mb.MLPConfig(vocab_size=7, n_classes=5, max_len=6, width=4, n_blocks=2, inputs=inputs)
-        assert mb.mlp_param_shapes(mcfg) == {k: v.shape for k, v in mb.mlp_init_params(mcfg).items()}
+        mcfg = mb.Config(vocab_size=7, n_classes=5, max_len=6, d_model=4, n_layers=2, inputs=inputs)
+        assert mb.param_shapes(mcfg) == {k: v.shape for k, v in mb.init_params(mcfg).items()}

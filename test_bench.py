@@ -54,24 +54,28 @@ def test_torch_is_optional(monkeypatch):
     assert bench.torch_available() is None
 
 
-def test_step_products_records_the_layer_products_and_restores_matmul(monkeypatch):
+def test_step_products_records_the_layer_products_and_restores_matmul():
     import numpy as np
     import bayesattn as ba
     import bench
     import kernels
     import layers
-    monkeypatch.setattr(layers, "FAST", {})
-    kernels.enable()                                          # the products are the fast path's (kernels.matmul)
+    before = dict(layers.FAST)
     cfg = ba.Config(vocab_size=7, n_classes=5, max_len=6, d_model=8, n_layers=2, n_heads=2, dtype="float32")
     rng = np.random.default_rng(0)
     batch = {"tokens": rng.integers(0, 7, (3, 6)), "targets": rng.integers(0, 5, (3, 6)), "mask": np.ones((3, 6))}
     step = bench.ours_step(cfg, ba.init_params(cfg, 0), batch)
-    replay, flops, calls = bench.step_products(step)
+    with kernels.enabled():                                   # the products are the fast path's (kernels.matmul)
+        replay, flops, calls = bench.step_products(step)
+    assert layers.FAST == before                              # the switch is off again
     assert kernels.matmul.__name__ == "matmul" and kernels.matmul_tn.__name__ == "matmul_tn"     # restored
     assert calls == 18 * cfg.n_layers + 3
     B, T = batch["tokens"].shape
-    assert flops == bench.step_flops(cfg, B, T) - bench.attention_flops(cfg, B, T)    # every layer product
+    assert flops == ba.step_flops(cfg, B, T) - ba.attention_flops(cfg, B, T)      # every layer product
     replay()
+
+    with layers.use_twins({}):                                # on the NumPy path no product is the twins'
+        assert bench.step_products(step)[2] == 0
 
     def failing_step():
         kernels.matmul(np.ones((2, 2)), np.ones((2, 2)))
@@ -80,3 +84,22 @@ def test_step_products_records_the_layer_products_and_restores_matmul(monkeypatc
     with pytest.raises(RuntimeError):
         bench.step_products(failing_step)
     assert (kernels.matmul, kernels.matmul_tn) == originals                 # restored after an exception too
+
+
+def test_main_leaves_the_switch_as_it_found_it(monkeypatch):
+    """bench.main runs the benchmark inside `with kernels.enabled():` and turns the switch back after it,
+    also when the benchmark fails."""
+    import bench
+    import kernels
+    import layers
+    before = dict(layers.FAST)
+    seen = []
+
+    def fake_bench(args):
+        seen.append(dict(layers.FAST))
+        raise RuntimeError("the benchmark failed")
+    monkeypatch.setattr(bench, "bench", fake_bench)
+    with pytest.raises(RuntimeError, match="the benchmark failed"):
+        bench.main(["--quick"])
+    assert set(seen[0]) == set(kernels.TWINS) and all(seen[0][n] is getattr(kernels, n) for n in kernels.TWINS)
+    assert layers.FAST == before

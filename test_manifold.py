@@ -10,7 +10,10 @@ import checkpoints
 import formation
 import numpy as np
 import pytest
-import windtunnels as wt
+
+import hmm
+import sawtooth
+import verdicts
 
 
 def tiny_config(V=4, d_model=8, n_layers=2, n_heads=2, dtype="float64"):
@@ -68,7 +71,7 @@ def test_welch_bound_is_met_by_the_regular_simplex():
 def test_centred_recipe_removes_a_shared_key():
     cfg = tiny_config()
     params = loud_params(cfg)
-    groups = mf.token_groups("bijection", cfg, np.zeros((1, 6), dtype=int))
+    groups = mf.task_module("bijection").token_groups(cfg, np.zeros((1, 6), dtype=int))
     k = mf.layer0_vectors(params, cfg, groups["keys"][0], np.zeros(cfg.d_model), "ln_centred")
     np.testing.assert_allclose(k.sum(1), 0.0, atol=1e-12)            # (NH, hs): a sum of zero over the tokens
 
@@ -79,7 +82,7 @@ def test_centred_recipe_removes_a_shared_key():
 def test_bijection_evidence_is_the_answer_when_a_key_repeats():
     V = 4
     tokens = np.array([[0, V + 2, 1, V + 3, 0, V + 2]])              # k0 v2 k1 v3 k0 v2
-    m = mf.evidence_masks("bijection", tokens, np.array([0, 2, 4]))
+    m = mf.task_module("bijection").evidence_masks(tokens, np.array([0, 2, 4]))
     assert not m["consistent"][0, 0].any()                            # first key: no evidence yet
     np.testing.assert_array_equal(np.flatnonzero(m["consistent"][0, 1]), [1])     # new key: earlier values
     np.testing.assert_array_equal(np.flatnonzero(m["consistent"][0, 2]), [1])     # repeated k0: its value v2
@@ -87,14 +90,14 @@ def test_bijection_evidence_is_the_answer_when_a_key_repeats():
 
 
 def test_hmm_evidence_is_the_emission_column_of_the_observation():
-    batch = wt.hmm_batch(np.random.default_rng(0), 2, K=3)
+    batch = hmm.batch(np.random.default_rng(0), 2, n_obs=3)
     cols = mf.supervised_columns(batch)
-    m = mf.evidence_masks("hmm", batch["tokens"], cols)
+    m = hmm.evidence_masks(batch["tokens"], cols)
     for b in range(2):
         for p, t in enumerate(cols):
-            o = batch["tokens"][b, t] - wt.HMM_OBS0
+            o = batch["tokens"][b, t] - hmm.OBS0
             np.testing.assert_array_equal(np.flatnonzero(m["consistent"][b, p]), 26 + 5 * np.arange(5) + o)
-            T, E, _ = wt.hmm_detokenize(batch["tokens"][b])
+            T, E, _ = hmm.detokenize(batch["tokens"][b])
             np.testing.assert_allclose((batch["tokens"][b, m["consistent"][b, p]] + 5) / 100, E[:, o])
 
 
@@ -161,11 +164,12 @@ def test_identical_snapshots_give_zero_attention_change(tmp_path):
     params = loud_params(cfg)
     os.makedirs(tmp_path / "snapshots")
     for step in (10, 100):
-        checkpoints.save_checkpoint(str(tmp_path / "snapshots" / f"step_{step:07d}.npz"), params, cfg, meta={"step": step})
+        checkpoints.save_checkpoint(str(tmp_path / "snapshots" / f"step_{step:07d}.npz"), params, cfg,
+                                    meta={"step": step, "model": "transformer"})
     batch = mf.probe_batch("bijection", cfg, 8, 0)
     snaps = [(s, checkpoints.load_checkpoint(p)[0]) for s, p in formation.snapshot_paths(str(tmp_path))]
     fp = formation.frame_precision(snaps, lambda p: mf.snapshot_state(p, cfg, batch, "bijection"),
-                                   lambda p, rank: mf.frame_basis(p, "bijection", cfg, rank), 8, cfg.d_model)
+                                   lambda p: mf.frame_matrix(p, "bijection", cfg), 8, cfg.d_model)
     assert fp["steps"] == [10, 100]
     assert fp["authors"]["overlap"] == pytest.approx([1.0, 1.0])       # the same frame: full overlap
     assert np.all(np.asarray(fp["attention_tv_per_layer"]) == 0.0)
@@ -188,8 +192,9 @@ def write_run(tmp_path, cfg, meta, seeds=(1, 2)):
     os.makedirs(run / "snapshots")
     for i, s in enumerate(seeds):
         checkpoints.save_checkpoint(str(run / "snapshots" / f"step_{10 ** (i + 1):07d}.npz"), ba.init_params(cfg, s), cfg,
-                           meta={"step": 10 ** (i + 1)})
-    checkpoints.save_checkpoint(str(run / "checkpoint.npz"), ba.init_params(cfg, seeds[-1]), cfg, meta=meta)
+                                    meta={"step": 10 ** (i + 1), "model": "transformer"})
+    checkpoints.save_checkpoint(str(run / "checkpoint.npz"), ba.init_params(cfg, seeds[-1]), cfg,
+                                meta={"model": "transformer", **meta})
     return run
 
 
@@ -212,11 +217,17 @@ def test_analyze_smoke_bijection(tmp_path):
     check_geometry(g, run, tmp_path / "figs")
     assert len(g["attention"]["layers"]) == cfg.n_layers
     assert g["frame_precision"]["steps"] == [10, 100]
-    assert g["ablations"]["hypothesis_frame_head"]["name"].startswith("L")
+    heads = [f"L{l}H{h}" for l in range(cfg.n_layers) for h in range(cfg.n_heads)]
+    assert g["ablations"]["hypothesis_frame_head"]["name"] in heads
+    worst = max(g["ablations"]["heads"], key=lambda r: r["delta_kl_bits"])     # the rule it states: largest KL rise
+    assert g["ablations"]["hypothesis_frame_head"]["name"] == f"L{worst['layer']}H{worst['head']}"
+    assert set(g["verdicts"]) == set(verdicts.RULES) and all(v["rule"] == verdicts.RULES[c] for c, v in g["verdicts"].items())
+    for key in ("key_frame", "sink", "query_swap", "position_norm", "graded_rows", "readout", "ablations", "frame_change"):
+        assert key in g["definitions"]                                 # every control is defined where it is written
 
 
 def test_analyze_smoke_hmm(tmp_path):
-    cfg = ba.Config(vocab_size=wt.HMM_VOCAB, n_classes=wt.HMM_S, max_len=wt.HMM_HEADER + 20, d_model=8,
+    cfg = ba.Config(vocab_size=hmm.VOCAB, n_classes=hmm.S, max_len=hmm.HEADER + 20, d_model=8,
                     n_layers=1, n_heads=2, pos="sinusoidal")
     run = write_run(tmp_path, cfg, {"task": "hmm", "replacement": False})
     g = geometry.analyze(str(run / "checkpoint.npz"), fig_dir=str(tmp_path / "figs"), n_seqs=3, seed=0)
@@ -232,7 +243,7 @@ def test_bad_arguments_give_one_clear_line(tmp_path):
     for args, expected in ((["missing.npz"], "checkpoint 'missing.npz' does not exist"),
                            (["broken.npz"], "is truncated or not a bayesattn checkpoint"),
                            (["broken.npz", "--n-seqs", "1"], "--n-seqs 1: must be at least 2"),
-                           ([], "the following arguments are required: checkpoint")):
+                           ([], "give a checkpoint (runs/<name>/checkpoint.npz), or --definitions")):
         proc = subprocess.run([sys.executable, os.path.join(here, "geometry.py"), *args], cwd=tmp_path,
                               capture_output=True, text=True, timeout=600)
         lines = proc.stderr.strip().splitlines()
@@ -269,3 +280,195 @@ def test_authors_manifold_when_the_entropy_lies_on_two_pcs():
     assert [abs(r) for r in m["pearson_pc1_to_pc5"]] == pytest.approx([1 / np.sqrt(5), 2 / np.sqrt(5)])
     assert m["best_pc"] == 2 and m["best_abs_pearson"] == pytest.approx(0.89443, abs=1e-5)
     assert m["r2_top5"] == pytest.approx(1.0)
+
+
+# ----------------------------------------------------------------------------
+# the controls (issue: a skeptic's re-analysis). Each hand-built case has an artifact and a real effect that
+# give the same headline; the controls, through the functions geometry.py calls, must tell them apart.
+
+def fake_run(batch, rows_of, C=6, n_layers=1):
+    """A cache holding hand-built representations: rows_of(cols) -> X (n, P, C) at the answer rows, zero
+    elsewhere, as the final residual stream, the attention output and (the same) after the final LayerNorm."""
+    cols = mf.supervised_columns(batch)
+    n, T = batch["tokens"].shape
+    X = np.zeros((n, T, C))
+    X[:, cols] = rows_of(cols)
+    return {"resid": [X] * (n_layers + 1), "layers": [{"attn_out": X}] * n_layers, "xf": X}
+
+
+def judged_manifold(batch, rows_of):
+    man, xy = mf.manifold_probe(fake_run(batch, rows_of), batch, "sawtooth")
+    return man, verdicts.manifold({"manifold": man, "authors": {"manifold": man["authors"]}})
+
+
+def test_a_binary_split_on_pc1_is_not_an_entropy_axis():
+    """Sawtooth rows whose PC1 is the seen/new split alone (and a graded axis of their H nowhere): PC1 holds
+    nearly all the variance and orders H within a position over all rows, as the headline would say. On the
+    new-key rows, where H is graded, it orders nothing, and the verdict says so. With H's graded part on PC1
+    as well, the same probe calls it supported."""
+    rng = np.random.default_rng(0)
+    batch = sawtooth.batch(rng, 300, V=8)
+    cols = mf.supervised_columns(batch)
+    seen = sawtooth.row_split(batch, cols)["seen key"]                    # (n, P)
+    h = mf.wt.entropy_bits(batch["posterior"][:, cols])                  # (n, P) H_Bayes
+    noise = lambda s: 0.05 * rng.standard_normal(seen.shape + (s,))
+    split_only = lambda c: np.concatenate([10.0 * (~seen)[..., None], noise(5)], axis=-1)
+    man, v = judged_manifold(batch, split_only)
+    r = man["residual_final"]
+    assert r["pc1_variance"] > 0.95 and r["mean_within_position_spearman"] > 0.6   # the headline: strong
+    assert abs(r["within_position_spearman_graded"]) < 0.2                          # the control: nothing graded
+    assert man["readout_baselines"]["within_position_r2_h_by_split"] > 0.95          # the split carries H
+    assert v["verdict"].startswith("not supported")
+    graded_too = lambda c: np.concatenate([(10.0 * (~seen) + 3.0 * h)[..., None], noise(5)], axis=-1)
+    man, v = judged_manifold(batch, graded_too)
+    assert man["residual_final"]["within_position_spearman_graded"] > 0.8
+    assert v["verdict"].startswith("supported")
+
+
+def test_one_outlier_position_carries_pc1_and_is_reported_without():
+    """Position 0's rows sit 100 units out along one axis, the others are isotropic noise: PC1 holds nearly
+    all the variance, all of it position 0's. The norm rule names position 0, and without it PC1 holds what
+    isotropic noise in 6 dimensions gives (well under a half); unit rows remove it too."""
+    rng = np.random.default_rng(1)
+    batch = sawtooth.batch(rng, 200, V=8)
+    outlier = np.zeros(6)
+    outlier[0] = 100.0
+
+    def rows(cols):
+        X = rng.standard_normal((200, len(cols), 6))
+        X[:, 0] += outlier                                             # the first answer position (position 0)
+        return X
+    man, _ = judged_manifold(batch, rows)
+    r = man["residual_final"]
+    assert r["dominant_positions"] == [0]
+    assert r["pc1_variance"] > 0.99
+    assert r["pc1_variance_without_dominant"] < 0.3
+    assert r["pc1_variance_unit_rows"] < 0.5
+    man, _ = judged_manifold(batch, lambda cols: rng.standard_normal((200, len(cols), 6)))
+    assert man["residual_final"]["dominant_positions"] == []           # no outlier, nothing dropped
+
+
+def test_cross_validated_readout_by_hand():
+    """y = 2 x exactly: held-out R^2 1 (up to the ridge). y independent of x: held-out R^2 at or below 0
+    (a readout cannot beat the mean out of sample), where the in-sample R^2 of a fit is always >= 0."""
+    rng = np.random.default_rng(2)
+    x, groups = rng.standard_normal((500, 1)), np.repeat(np.arange(100), 5)
+    assert mf.cv_r_squared(x, 2 * x[:, 0], groups) == pytest.approx(1.0, abs=1e-4)
+    y = rng.standard_normal(500)
+    assert mf.cv_r_squared(x, y, groups) < 0.01 and mf.r_squared(x, y) >= 0.0
+    assert mf.cv_r_squared(x, np.ones(500), groups) is None
+    pos = np.tile(np.arange(5), 100)                                   # y = position + 3 x: the position leaves
+    y = pos + 3 * x[:, 0]                                              # 3 x, all of which x explains
+    assert mf.partial_cv_r_squared(x, y, groups, pos) == pytest.approx(1.0, abs=1e-3)
+    assert mf.partial_cv_r_squared(rng.standard_normal((500, 1)), y, groups, pos) < 0.02
+
+
+def test_a_sink_carries_the_entropy_drop_and_evidence_rows_do_not():
+    """Rows that put all their mass on position 0 are as sharp (entropy 0) as rows on their evidence; the
+    sink control tells them apart: share 1 against 0."""
+    n, T = 4, 6
+    cols = np.arange(T)
+    sink = np.zeros((n, 1, T, T))
+    sink[..., 0] = 1.0                                                 # every row on position 0
+    diag = np.broadcast_to(np.eye(T), (n, 1, T, T)).copy()             # every row on itself (its evidence)
+    s, d = mf.sink_stats(sink, cols), mf.sink_stats(diag, cols)
+    assert s["sink_row_share"] == [1.0] and s["sink_share_of_entropy_drop"] == 1.0
+    assert s["entropy_reduction_without_sink_rows"] is None            # nothing left once the sink rows go
+    assert d["sink_row_share"] == [0.0] and d["sink_share_of_entropy_drop"] == 0.0
+    assert d["entropy_reduction_without_sink_rows"] == pytest.approx(1.0)
+    half = sink.copy()
+    half[..., 0], half[..., 1:] = 0.6, np.tril(np.ones((T, T)))[:, 1:] * 0.4 / np.maximum(cols[:, None], 1)
+    half[:, :, 0] = np.eye(T)[0]                                       # 0.6 on the sink, the rest spread
+    assert mf.sink_stats(half, cols)["sink_row_share"] == [1.0]       # more than half: a sink row
+    assert mf.sink_stats(half, cols)["sink_mass"] == [pytest.approx(0.6)]
+
+
+def test_query_swap_tells_a_fixed_preference_from_a_query():
+    """Layer 0 of a tiny model: with W_Q = 0 and a large query bias every row scores the keys the same way
+    whatever its query, a fixed preference; with a loud W_Q the row follows its query. The swap ratio
+    (how much a row moves when only its query changes, over how much rows of two sequences differ) is far
+    smaller for the first."""
+    cfg = tiny_config(V=5, d_model=8, n_layers=1, n_heads=1)
+    params = loud_params(cfg, std=1.5)
+    batch = mf.probe_batch("bijection", cfg, 64, 0)
+    aligned = mf.query_swap(params, cfg, batch, "bijection", n=64)["layers"][0]["ratio_mean"]
+    fixed = dict(params)
+    fixed["blocks.0.attn.wq"] = np.zeros_like(params["blocks.0.attn.wq"])
+    fixed["blocks.0.attn.bq"] = 5.0 * np.ones_like(params["blocks.0.attn.bq"])
+    ratio = mf.query_swap(fixed, cfg, batch, "bijection", n=64)["layers"][0]["ratio_mean"]
+    assert ratio < 0.5 * aligned
+    swapped, ok = mf.task_module("bijection").swap_query(cfg, batch["tokens"], 4, np.random.default_rng(0))
+    assert ok.all() and np.all(swapped[:, 4] != batch["tokens"][:, 4])
+    assert np.all(swapped[:, :4] == batch["tokens"][:, :4]) and np.all(swapped[:, 5:] == batch["tokens"][:, 5:])
+    for b in range(len(swapped)):                                      # a new key swapped for another new key
+        assert swapped[b, 4] not in batch["tokens"][b, 0:4:2] and swapped[b, 4] < cfg.n_classes
+
+
+def test_a_frame_that_never_leaves_its_initialisation():
+    """A frame F_s = F_0 + (tiny random change) while the calibration improves 100x: the authors' reading sees
+    a plateau at the first snapshot and a 100x gain after it (a dissociation). Measured on the change since
+    initialisation there is no early plateau, and the initialisation already has the final overlap. A frame
+    that moves along fixed directions early and then stops is supported by the same rule."""
+    rng = np.random.default_rng(3)
+    C, n, steps = 32, 6, [100, 200, 400, 800, 1600, 3200]
+    F0 = rng.standard_normal((n, C))
+    mae = [0.1 * 0.01 ** (i / (len(steps) - 1)) for i in range(len(steps))]       # 0.1 -> 0.001 bits
+    still = [F0 + 1e-3 * rng.standard_normal((n, C)) for _ in steps]
+    D = rng.standard_normal((n, C))
+    moving = [F0 + min(1.0, s / 200) * D for s in steps]                           # moves along D until step 200
+    for frames, expect in ((still, "not"), (moving, "supported")):
+        params = [{"F": F, "mae": m} for F, m in zip(frames, mae)]
+        attention = [np.full((1, 1, 2, 2), 0.5)]                        # the same every step: not what is read here
+        fp = formation.frame_precision(list(zip(steps, params)), lambda p: (attention, {"entropy_mae_bits": p["mae"]}),
+                                       lambda p: p["F"], 4, C, init={"F": F0},
+                                       other_inits=[{"F": rng.standard_normal((n, C))} for _ in range(3)])
+        a, c = fp["authors"], fp["frame_change"]
+        g = {"frame_precision": fp}
+        v = verdicts.frame_precision(g)
+        if expect == "not":
+            assert a["frame_plateau_step"] == 100 and a["calibration_gain_after_plateau"] == pytest.approx(100.0)
+            assert c["init_ratio"] == pytest.approx(a["ratio_to_chance"][-1], rel=1e-3)   # init = the final frame
+            assert c["final_energy_in_init_span"] == pytest.approx(1.0, abs=1e-4)
+            assert c["change_plateau_step"] == 3200 and c["calibration_gain_after_change_plateau"] == 1.0
+            assert v["verdict"].startswith("not supported") and "carried by the initialisation" in v["verdict"]
+        else:
+            assert c["change_plateau_step"] == 100                     # the change has its final directions at once
+            assert c["calibration_gain_after_change_plateau"] == pytest.approx(100.0)
+            assert v["verdict"].startswith("supported")
+        assert np.mean(c["other_init_ratio"]) < 2.0                     # other seeds: near chance (ceiling C/n)
+
+
+def test_ablation_methods_differ_on_a_head_whose_output_never_varies():
+    """A head whose values are one constant vector (W_V = 0, b_V = c) outputs c at every position of every
+    sequence. Zeroing it changes the model; replacing it by its mean (per position or overall) or by
+    another sequence's output changes nothing, exactly: the methods answer differently, and only
+    information the head carries survives all four."""
+    cfg = tiny_config(V=4, d_model=8, n_layers=1, n_heads=2)
+    params = loud_params(cfg)
+    hs = cfg.d_model // cfg.n_heads
+    params["blocks.0.attn.wv"][:, :hs] = 0.0
+    params["blocks.0.attn.bv"][:hs] = 3.0                             # head 0's output: the constant (3, 3, 3, 3)
+    batch = mf.probe_batch("bijection", cfg, 16, 0)
+    abl = mf.ablations(params, cfg, batch)
+    head0 = {m: next(r for r in abl["methods"][m]["heads"] if r["head"] == 0) for m in mf.ABLATIONS}
+    assert abs(head0["zero"]["delta_kl_bits"]) > 1e-3
+    for m in ("position_mean", "mean", "resample"):
+        assert head0[m]["delta_kl_bits"] == pytest.approx(0.0, abs=1e-10), m
+    post = batch["posterior"][:, mf.supervised_columns(batch)]
+    assert abl["uniform_kl_bits"] == pytest.approx(float(np.mean(np.log2(cfg.n_classes) - mf.wt.entropy_bits(post))))
+
+
+def test_key_offset_and_participation_ratio_by_hand():
+    """Keys k_i = (3, e_i) in R^5, n = 4: their mean is (3, 1/n, ..., 1/n), so the offset is sqrt(9 + 1/n) and
+    each deviation |e_i - 1/n| = sqrt(1 - 2/n + 1/n); every cosine is 9/10, all of it the offset's. The
+    participation ratio of n orthonormal rows is n, of rows on one line 1, of eigenvalues (4, 1) 25/17."""
+    n = 4
+    K = np.c_[np.full(n, 3.0), np.eye(n)][None]                       # (1 head, n tokens, 5)
+    s = mf.offset_stats(K)
+    assert s["offset_norm"] == pytest.approx(np.sqrt(9 + n * (1 / n) ** 2))
+    assert s["deviation_norm"] == pytest.approx(np.sqrt(1 - 2 / n + n / n ** 2))
+    assert mf.mean_abs_offdiag(mf.cosine_matrix(K[0])) == pytest.approx(9 / 10)
+    assert mf.participation_ratio(np.eye(n)) == pytest.approx(n)
+    assert mf.participation_ratio(np.outer(np.arange(1, 4), [1.0, 2.0])) == pytest.approx(1.0)
+    assert mf.participation_ratio(np.diag([2.0, 1.0])) == pytest.approx(25 / 17)
+    assert mf.dominant([1, 1, 1, 6]) == [3] and mf.dominant([1, 1, 1, 4]) == []

@@ -7,6 +7,9 @@ import numpy as np
 import pytest
 
 import bayesattn as ba
+import bijection
+import evaluation
+import models
 import optim
 import windtunnels as wt
 from evaluation import calibration, evaluate
@@ -47,8 +50,21 @@ def test_paper_metric_per_sequence_mae_and_kl_by_hand():
     assert m["excess_ce_bits"] == pytest.approx((2 + LOG2_10) / 2 - 1.5, abs=1e-12)
     # mass on ruled-out answers: A has 1/4 + 1/4 on classes 2, 3; B rules out nothing
     assert m["impossible_mass"] == pytest.approx(0.25, abs=1e-12)
-    # in nats every bit number would be ln 2 times smaller
-    assert m["kl_bits"] != pytest.approx(m["kl_bits"] * math.log(2))
+
+
+def test_reported_kl_is_posterior_against_model_in_bits():
+    """One answer, posterior p = (1/2, 1/2) and model q = (0.9, 0.1), where the plausible mistakes all give
+    other numbers:  KL(p || q) = 1/2 log2(0.5 / 0.9) + 1/2 log2(0.5 / 0.1) = 0.736966 bits (the one to report);
+    in nats 0.510826; the swapped KL(q || p) = 0.9 log2 1.8 + 0.1 log2 0.2 = 0.531004 bits (0.368064 nats)."""
+    p, q = np.array([0.5, 0.5]), np.array([0.9, 0.1])
+    batch = dict(tokens=np.zeros((1, 1), dtype=int), targets=np.array([[0]]), mask=np.ones((1, 1)),
+                 posterior=p[None, None])                                       # (1, 1, 2)
+    m, _ = evaluate(lambda tok: q[None, None], batch)
+    kl_bits = 0.5 * math.log2(0.5 / 0.9) + 0.5 * math.log2(0.5 / 0.1)
+    assert m["kl_bits"] == pytest.approx(kl_bits, abs=1e-12)
+    assert m["kl_bits"] == pytest.approx(0.736966, abs=1e-6)                   # not 0.510826, 0.531004, 0.368064
+    assert m["per_position"][0]["kl"] == pytest.approx(0.736966, abs=1e-6)
+    assert calibration(q[None, None], p[None, None])[0]["kl_bits"] == pytest.approx(0.736966, abs=1e-6)
 
 
 def test_calibration_is_the_same_metric_for_the_probes():
@@ -63,6 +79,102 @@ def test_calibration_is_the_same_metric_for_the_probes():
     probe = mf.calibration(q, batch["posterior"])
     assert probe["entropy_mae_bits"] == pytest.approx(0.36096, abs=1e-5)
     assert probe["kl_bits"] == pytest.approx(0.66096, abs=1e-5)
+
+
+# distributions over 4 classes with round entropies (bits)
+U4 = [0.25, 0.25, 0.25, 0.25]       # H = 2
+U2 = [0.5, 0.5, 0.0, 0.0]           # H = 1
+HALF = [0.5, 0.25, 0.25, 0.0]       # H = 1.5
+ONE = [1.0, 0.0, 0.0, 0.0]          # H = 0
+
+
+def ragged_batch():
+    """Three rows of T = 4 whose answers sit at different columns, and different numbers of them:
+        row  column  posterior  model   H_Bayes  H_model  KL(post || model)  target
+        A    0       U4         U4      2        2        0                  0
+        A    2       U2         HALF    1        1.5      1/2 log2 2 = 0.5   0
+        B    1       U2         U4      1        2        1                  1
+        B    2       ONE        U2      0        1        log2 2 = 1         0
+        B    3       ONE        HALF    0        1.5      log2 2 = 1         0
+        C    3       HALF       U4      1.5      2        2 - 1.5 = 0.5      2
+    Elsewhere the posterior is 0 and the model U4, so any padding scored by mistake changes the numbers."""
+    n, T = 3, 4
+    answers = {(0, 0): (U4, U4, 0), (0, 2): (U2, HALF, 0), (1, 1): (U2, U4, 1), (1, 2): (ONE, U2, 0),
+               (1, 3): (ONE, HALF, 0), (2, 3): (HALF, U4, 2)}
+    mask, targets = np.zeros((n, T)), np.zeros((n, T), dtype=int)
+    post, q = np.zeros((n, T, 4)), np.full((n, T, 4), 0.25)
+    for (b, t), (p, model, y) in answers.items():
+        mask[b, t], post[b, t], q[b, t], targets[b, t] = 1.0, p, model, y
+    return dict(tokens=np.zeros((n, T), dtype=int), targets=targets, mask=mask, posterior=post), q
+
+
+def test_answers_at_different_columns_are_scored_by_hand():
+    batch, q = ragged_batch()
+    pos, valid = evaluation.answers(batch)
+    assert valid.tolist() == [[True, True, False], [True, True, True], [True, False, False]]
+    assert np.where(valid, pos, -1).tolist() == [[0, 2, -1], [1, 2, 3], [3, -1, -1]]
+    m, traces = evaluate(lambda tok: q, batch)
+    # the paper metric, by answer index i over the rows that have an i-th answer:
+    #   i = 1 (A, B, C): H_model (2 + 2 + 2) / 3 = 2,   H_Bayes (2 + 1 + 1.5) / 3 = 1.5  -> 0.5
+    #   i = 2 (A, B):    H_model (1.5 + 1) / 2 = 1.25,  H_Bayes (1 + 0) / 2 = 0.5       -> 0.75
+    #   i = 3 (B):       H_model 1.5,                   H_Bayes 0                       -> 1.5
+    # mean (0.5 + 0.75 + 1.5) / 3 = 0.916667 (padding averaged in would give 0.5 as zeros, 0.944444 as the
+    # entries at column 0)
+    assert m["entropy_mae_bits"] == pytest.approx(2.75 / 3, abs=1e-12)
+    assert m["entropy_mae_bits"] == pytest.approx(0.916667, abs=1e-6)
+    # per sequence: the mean over the 6 answers of |H_model - H_Bayes| = (0 + .5 + 1 + 1 + 1.5 + .5) / 6 = 0.75
+    # (row by row first it would be mean(0.25, 1.1667, 0.5) = 0.6389)
+    assert m["entropy_mae_seq_bits"] == pytest.approx(0.75, abs=1e-12)
+    # KL(posterior || model) over the 6 answers: (0 + .5 + 1 + 1 + 1 + .5) / 6 = 0.666667 bits (nats: 0.462098;
+    # the swapped KL is infinite at A's second answer, where HALF has mass U2 rules out)
+    assert m["kl_bits"] == pytest.approx(4 / 6, abs=1e-12)
+    # -log2 q(target): 2, 1, 2, 1, 1, 2 (mean 1.5); -log2 post(target): 2, 1, 1, 0, 0, 2 (mean 1): excess 0.5
+    assert m["excess_ce_bits"] == pytest.approx(0.5, abs=1e-12)
+    # mass on ruled-out classes: 0, 1/4, 1/2, 1/2, 1/2, 1/4: mean 1/3
+    assert m["impossible_mass"] == pytest.approx(1 / 3, abs=1e-12)
+    rows = [(r["position"], r["H_model"], r["H_bayes"], r["kl"], r["impossible_mass"]) for r in m["per_position"]]
+    np.testing.assert_allclose(rows, [(1, 2.0, 1.5, 0.5, 0.25), (2, 1.25, 0.5, 0.75, 0.375), (3, 1.5, 0.0, 1.0, 0.5)],
+                               atol=1e-12)
+    nan = np.nan
+    np.testing.assert_allclose(traces["h_bayes"], [[2, 1, nan], [1, 0, 0], [1.5, nan, nan]], atol=1e-12)
+    np.testing.assert_allclose(traces["h_model"], [[2, 1.5, nan], [2, 1, 1.5], [2, nan, nan]], atol=1e-12)
+    # the same metric as a named function, on the entropies at each row's answers; padding is never read
+    h_model = np.array([[2, 1.5, 99], [2, 1, 1.5], [2, 99, 99]])
+    h_bayes = np.array([[2, 1, -99], [1, 0, 0], [1.5, -99, -99]])
+    assert evaluation.paper_metric(h_model, h_bayes, valid) == pytest.approx(2.75 / 3, abs=1e-12)
+
+
+def test_paper_metric_groups_by_answer_index_not_by_column():
+    """Two rows with two answers each, row A at columns 0, 1 and row B at columns 1, 2:
+        A: posterior U4, U2 (H_Bayes 2, 1), model U2, U4   (H_model 1, 2)
+        B: posterior U4, U2 (H_Bayes 2, 1), model HALF, HALF (H_model 1.5, 1.5)
+    By answer index: i = 1 |mean(1, 1.5) - 2| = 0.75, i = 2 |mean(2, 1.5) - 1| = 0.75: the metric is 0.75.
+    By column it would be: column 0 |1 - 2| = 1, column 1 |mean(2, 1.5) - mean(1, 2)| = 0.25, column 2
+    |1.5 - 1| = 0.5: 1.75 / 3 = 0.583333."""
+    mask = np.array([[1.0, 1.0, 0.0], [0.0, 1.0, 1.0]])
+    post, q = np.zeros((2, 3, 4)), np.full((2, 3, 4), 0.25)
+    post[0, 0], post[0, 1], q[0, 0], q[0, 1] = U4, U2, U2, U4
+    post[1, 1], post[1, 2], q[1, 1], q[1, 2] = U4, U2, HALF, HALF
+    batch = dict(tokens=np.zeros((2, 3), dtype=int), targets=np.zeros((2, 3), dtype=int), mask=mask, posterior=post)
+    m, _ = evaluate(lambda tok: q, batch)
+    assert m["entropy_mae_bits"] == pytest.approx(0.75, abs=1e-12)
+    # the same entropies grouped by column, to show this case tells the two apart
+    h_model, h_bayes = wt.entropy_bits(q), wt.entropy_bits(post)                # (2, 3)
+    by_column = np.mean([abs(h_model[mask[:, t] > 0, t].mean() - h_bayes[mask[:, t] > 0, t].mean()) for t in range(3)])
+    assert by_column == pytest.approx(1.75 / 3, abs=1e-12)
+    assert [r["H_model"] for r in m["per_position"]] == pytest.approx([1.25, 1.75], abs=1e-12)
+
+
+def test_a_row_without_an_answer_is_refused_in_one_line():
+    batch, q = ragged_batch()
+    batch["mask"][1] = 0.0                                            # row B supervises nothing
+    with pytest.raises(ValueError, match="^row 1 of the batch has no supervised answer$"):
+        evaluate(lambda tok: q, batch)
+    batch, q = ragged_batch()
+    batch["query_mask"] = np.zeros((3, 4))
+    batch["query_mask"][2, 3] = 1.0                                   # row C's only answer is scored apart
+    with pytest.raises(ValueError, match="^row 2 of the batch has no supervised answer$"):
+        evaluate(lambda tok: q, batch)
 
 
 def test_sawtooth_query_is_scored_apart_with_kl_and_accuracy():
@@ -96,7 +208,7 @@ def test_evidence_mass_averages_only_rows_that_have_evidence():
     key) has no evidence; row 2's evidence is the earlier value position 1. With attention 0.5 there, the
     mean evidence mass is 0.5 (0.25 if the evidence-free row were averaged in)."""
     import manifold as mf
-    batch = wt.bijection_batch(np.random.default_rng(0), 1, V=3, L=2)
+    batch = bijection.batch(np.random.default_rng(0), 1, V=3, n_pairs=2)
     alpha = np.zeros((1, 1, 4, 4))
     alpha[0, 0, 0, 0] = 1.0
     alpha[0, 0, 2, :3] = [0.2, 0.5, 0.3]
@@ -149,18 +261,37 @@ def test_held_out_kl_of_the_one_head_is_posterior_against_model(monkeypatch):
     assert out["excess_ce_bits"] == pytest.approx(-math.log2(0.9) - 1.0, abs=1e-6)
 
 
-def test_weight_decay_touches_exactly_the_matrices():
-    cfg = ba.Config(vocab_size=7, n_classes=5, max_len=6, d_model=8, n_layers=2, n_heads=2, dtype="float64")
-    params = ba.init_params(cfg, 0)
-    decayed = {n for n in params if optim.default_decay(n)}
+def test_weight_decay_touches_exactly_the_matrices(monkeypatch):
+    cfg = models.make_config("transformer", vocab_size=7, n_classes=5, max_len=6, d_model=8, n_layers=2, n_heads=2,
+                             dtype="float64")
+    params = models.init_params("transformer", cfg, 0)
+    decayed = models.decay_set("transformer", params)
     assert decayed == {"wte", "wpe", "unembed.w"} | {f"blocks.{l}.{w}" for l in range(2) for w in
                                                       ("attn.wq", "attn.wk", "attn.wv", "attn.wo", "mlp.w1", "mlp.w2")}
-    # a step with zero gradient and weight decay wd shrinks exactly those by (1 - lr wd)
+    # the default rule reads the shape, not the name: a matrix decays whatever it is called, a vector does not
+    assert models.decayed("transformer", "w_ih", (3, 2)) and not models.decayed("transformer", "w_ih", (3,))
+    assert models.decayed("transformer", "A_log", (3, 2)) and not models.decayed("transformer", "A_log", (3,))
+    assert not models.decayed("transformer", "unembed.w", (5,)) and models.decayed("transformer", "lnf.g", (8, 1))
+    rng = np.random.default_rng(0)
+    params.update(w_ih=rng.normal(size=(3, 2)), A_log=rng.normal(size=3))
+    decayed = models.decay_set("transformer", params)
+    assert "w_ih" in decayed and "A_log" not in decayed
+    # a step with zero gradient and weight decay wd shrinks exactly those by (1 - lr wd) = 1 - 0.1 * 0.5 = 0.95
+    # (zero gradient: Adam's own step mhat / (sqrt(vhat) + eps) is 0)
+    zeros = {k: np.zeros_like(v) for k, v in params.items()}
     before = {k: v.copy() for k, v in params.items()}
-    optim.adamw_step(params, {k: np.zeros_like(v) for k, v in params.items()}, optim.adamw_init(params), 0.1,
-                     weight_decay=0.5)
+    optim.adamw_step(params, zeros, optim.adamw_init(params), 0.1, weight_decay=0.5, decay=decayed)
     for name in params:
-        np.testing.assert_allclose(params[name], before[name] * (0.95 if name in decayed else 1.0), err_msg=name)
+        np.testing.assert_allclose(params[name], before[name] * (0.95 if name in decayed else 1.0), rtol=1e-15,
+                                   err_msg=name)
+    # decay=None is the same default rule; a set decays exactly its names
+    for decay, shrunk in ((None, decayed), ({"A_log"}, {"A_log"})):
+        p = {k: v.copy() for k, v in before.items()}
+        optim.adamw_step(p, zeros, optim.adamw_init(p), 0.1, weight_decay=0.5, decay=decay)
+        assert {k for k in p if not np.array_equal(p[k], before[k])} == shrunk
+    # a family's own decayed(name, shape) wins over the default
+    monkeypatch.setattr(ba, "decayed", lambda name, shape: name == "A_log", raising=False)
+    assert models.decay_set("transformer", params) == {"A_log"}
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")   # Wilcoxon on two seeds divides by zero; not checked here
@@ -177,7 +308,7 @@ def test_compare_em_steps_threshold_and_speedup_by_hand(monkeypatch):
               ("em", 1): [5, 1.5, 1.4, 1.2, 1.1], ("em", 2): [5, 1.2, 1, 1, 1],
               ("mstep", 1): [5, 0.5, 0.4], ("mstep", 2): [5, 3, 2]}
 
-    def train_head(params, x, targets, n, method, log_every=None, seed=0):
+    def train_head(params, x, targets, n, method, lr=None, log_every=None, seed=0):
         loss = np.array(curves[method, seed], float)
         assert len(loss) == n + 1
         return dict(loss=loss, seconds=np.arange(n + 1) * (0.1 if method == "sgd" else 0.2))
@@ -216,18 +347,16 @@ def test_ablation_frame_head_by_the_authors_rule_and_its_ratio(monkeypatch):
     import manifold as mf
     table = {None: (0.1, 0.05), (0, 0): (0.5, 0.2), (0, 1): (0.3, 0.9), (0, 2): (0.12, 0.06), "layer": (1.0, 2.0)}
 
-    def fake(params, cfg, batch, mask):
-        if mask is None:
-            key = None
-        elif (mask == 0).all():
-            key = "layer"
-        else:
-            key = tuple(int(i) for i in np.argwhere(mask == 0)[0])
+    def fake(params, cfg, batch, layer=None, heads=(), method="zero", clean=None):
+        assert method == "zero"
+        key = None if layer is None else "layer" if len(heads) == cfg.n_heads else (layer, heads[0])
         mae, kl = table[key]
         return {"entropy_mae_bits": mae, "kl_bits": kl}
     monkeypatch.setattr(mf, "ablated_calibration", fake)
     cfg = ba.Config(vocab_size=6, n_classes=3, max_len=4, d_model=6, n_layers=1, n_heads=3)
-    out = mf.ablations(None, cfg, None)
+    batch = dict(tokens=np.zeros((1, 2), dtype=int), targets=np.zeros((1, 2), dtype=int), mask=np.ones((1, 2)),
+                 posterior=np.full((1, 2, 3), 1 / 3))               # read only for the uniform guess's KL
+    out = mf.ablations(None, cfg, batch, methods=("zero",))
     a = out["authors_frame_head"]
     assert (a["name"], a["second"]) == ("L0H0", "L0H1")
     assert a["delta_entropy_mae_bits"] == pytest.approx(0.4) and a["ratio_to_second"] == pytest.approx(2.0)

@@ -1,13 +1,16 @@
 """Train a model on a Bayesian wind tunnel and measure it against the exact posterior, in bits.
 
-    python train.py                         # bijection wind tunnel (format a), CPU-sized default (minutes)
-    python train.py --task sawtooth         # Paper I's variant (format b): the per-sequence sawtooth
-    python train.py --task hmm --preset paper
+    python train.py --task sawtooth --preset first   # the first run: the sawtooth, the transformer and the
+                                                      # authors' MLP side by side (minutes)
+    python train.py                                   # bijection wind tunnel (format a), the CPU-sized default
+    python train.py --task hmm --preset paper --soft
+    python train.py --task sticky --compare-em        # Paper II: SGD against the EM-like schedule
     python train.py --eval-only runs/bijection-transformer-default/checkpoint.npz
 
 Writes runs/<name>/: checkpoint.npz, metrics.json, log.csv, snapshots/, geometry.json and the figures.
-This file is the command line: the presets, every flag checked once, and what runs in which order.
-The loop is training.py, the numbers evaluation.py, the figures plots.py.
+This file is the command line: every flag once in one table (FLAGS), checked once here, and what runs in
+which order. The families are models.py's, the tasks tasks.py's, the loop training.py's, the numbers
+evaluation.py's, the figures plots.py's.
 """
 
 import os
@@ -16,66 +19,35 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # see layers.py: BLAS thread
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
 import argparse  # noqa: E402
+import csv  # noqa: E402
+import json  # noqa: E402
 import math  # noqa: E402
+import re  # noqa: E402
 import sys  # noqa: E402
+import time  # noqa: E402
 
 import numba  # noqa: E402
+import numpy as np  # noqa: E402
 
-import bayesattn as ba  # noqa: E402
+import layers  # noqa: E402
+import models  # noqa: E402
+import optim  # noqa: E402
 import plots  # noqa: E402
+import runs  # noqa: E402
+import tasks  # noqa: E402
 import training  # noqa: E402
-import windtunnels as wt  # noqa: E402
-from checkpoints import load_checkpoint, write_json  # noqa: E402
+from checkpoints import CheckpointNotSaved, load_checkpoint, save_checked, versions, write_json  # noqa: E402
 from evaluation import evaluate  # noqa: E402
-from training import checkpoint_name, eval_lengths, make_mlp, make_transformer, task_spec  # noqa: E402
 
-# ----------------------------------------------------------------------------
-# defaults (the `default` preset of the bijection task); presets below override them
-
-TASK = "bijection"      # which wind tunnel
-V = 20                  # bijection: keys = values = V, L = V - 1 pairs
-HMM_K = 20              # hmm: observations per training sequence
 EVAL_SEQS = 2000        # held-out sequences for evaluation
 MIN_EVAL_SEQS = 4       # the single-sequence figure draws four
-
-PRESETS = {
-    # task -> preset -> settings; lr is the peak of warm-up + cosine, decayed to lr * lr_floor
-    # (lr_floor 0.1 unless a preset says otherwise)
-    "bijection": {
-        "quick":   dict(width=32, layers=2, heads=2, batch=32, steps=60, lr=3e-3, warmup=10),
-        # heads of 32, at least the 20 hypotheses (the value tokens), so the key frame could be orthogonal
-        "default": dict(width=64, layers=3, heads=2, batch=64, steps=3000, lr=3e-3, warmup=100, weight_decay=0.0),
-        # many small steps: per sample, batch 16 pulls the leaked mass off seen values faster than batch 256;
-        # at this size a second Numba thread costs more than it gives, so the run uses one
-        "paper":   dict(width=64, layers=3, heads=2, batch=16, steps=130000, lr=3e-3, warmup=400, lr_floor=0.0,
-                        weight_decay=0.0, threads=1),
-    },
-    "sawtooth": {
-        # fan-in init and 1,000 steps of 5-key alphabets first: without either, the lookup does not form
-        # within the budget (RESULTS.md, sawtooth); heads of 32 (>= the 20 hypotheses); 2 layers for time
-        "quick":   dict(width=32, layers=2, heads=2, batch=32, steps=60, lr=3e-3, warmup=10, curriculum="5:30",
-                        init="fan-in"),
-        "default": dict(width=64, layers=2, heads=2, batch=64, steps=8000, lr=3e-3, warmup=100,
-                        curriculum="5:1000", init="fan-in", weight_decay=0.0),
-        # batch 32 for three times the steps per sample (batch 16 left the query unlearned), cosine to zero
-        "paper":   dict(width=64, layers=2, heads=2, batch=32, steps=100000, lr=3e-3, warmup=200, lr_floor=0.0,
-                        curriculum="5:2000", init="fan-in", weight_decay=0.0, threads=1),
-    },
-    "hmm": {
-        "quick":   dict(width=32, layers=2, heads=2, batch=16, steps=40, lr=3e-3, warmup=10),
-        "default": dict(width=64, layers=4, heads=4, batch=32, steps=3000, lr=2e-3, warmup=100),
-        "paper":   dict(width=96, layers=6, heads=6, batch=32, steps=17000, lr=1.5e-3, warmup=300, lr_floor=0.0),
-    },
-}
 WEIGHT_DECAY = 0.01     # AdamW's decoupled weight decay, unless the preset says otherwise
-
-
-TASKS = ("bijection", "sawtooth", "hmm", "sticky")
-MODELS = ("transformer", "mlp", "prefix-mlp")   # mlp: the authors' (token + position); prefix-mlp: whole prefix
-
-
-def metrics_name(model):
-    return "metrics.json" if model == "transformer" else f"metrics_{model}.json"
+LR_FLOOR = 0.1          # the cosine ends at lr * lr_floor, unless the preset says otherwise
+N_SNAPSHOTS = 24        # light parameter snapshots at log-spaced steps (the frame-precision probe)
+SAVE_EVERY = 500        # steps between checkpoints
+STICKY = "sticky"       # Paper II's chain: continuous inputs, outside tasks.TASKS; its experiments below
+EXPERIMENTS = {"one-head": "SGD on one chain against exact Bayes", "compare-em": "SGD, EM-like and a true M-step, "
+               "5 seeds", "deep": "the authors' deep variant, 5 seeds"}
 
 
 def fail(msg):
@@ -85,169 +57,383 @@ def fail(msg):
 
 
 # ----------------------------------------------------------------------------
-# command line
+# the flags, each once. A row: the flag, what it sets (an args attribute; for a model's size, the
+# Config field it fills), its type, its default, a check (value, args) -> what is wrong or None, where
+# it applies (contexts: a token task's name, or "sticky:<experiment>"; None: everywhere), whether a
+# preset sets it, and whether it is part of a run's identity (checked on --resume; "legacy": the value
+# of a checkpoint written before the flag existed). A model-size flag applies to the families whose
+# Config has its field. The tasks' own flags (--V, --K, --curriculum) come from their modules.
+
+TOKEN = tuple(tasks.TASKS)
+SOME = [f"{STICKY}:{e}" for e in EXPERIMENTS]
+positive = lambda v, a: None if v >= 1 else "must be a positive integer"
+FLAGS = [
+    dict(flag="--task", type=str, default="bijection", choices=lambda a: [*TOKEN, STICKY],
+         help="wind tunnel: " + " | ".join([*TOKEN, STICKY]) + " (Paper II's chain)", run=True),
+    dict(flag="--model", type=str, default="transformer", choices=lambda a: list(models.FAMILIES), where=TOKEN,
+         help="model family (models.FAMILIES): " + " | ".join(models.FAMILIES), run=True),
+    dict(flag="--baseline", type=str, default="mlp", choices=lambda a: list(models.FAMILIES), where=TOKEN,
+         help="the family trained after the model, capacity-matched to it (default mlp, the authors' MLP)"),
+    dict(flag="--no-baseline", type=bool, where=TOKEN, help="do not train a baseline after the model"),
+    dict(flag="--baseline-steps", type=int, check=positive, where=TOKEN, preset=True, run=True, legacy="any",
+         help="the baseline's training steps (default: from the preset, else --steps)"),
+    dict(flag="--preset", type=str, default="default", choices=lambda a: presets_of(a), where=(*TOKEN, "sticky:compare-em"),
+         help="quick | default | paper (the token tasks; first for the sawtooth) | quick (--compare-em at toy size)"),
+    dict(flag="--steps", type=int, check=positive, preset=True, run=True, help="training steps (default: from the preset)"),
+    dict(flag="--batch", type=int, check=positive, where=TOKEN, preset=True, run=True, help="sequences per step"),
+    dict(flag="--width", field="d_model", type=int, check=positive, where=TOKEN, preset=True,
+         help="model width d_model"),
+    dict(flag="--layers", field="n_layers", type=int, check=positive, where=TOKEN, preset=True,
+         help="layers (the MLP: residual blocks)"),
+    dict(flag="--heads", field="n_heads", type=int, check=positive, where=TOKEN, preset=True,
+         help="attention heads (must divide the width)"),
+    dict(flag="--pos", field="pos", type=str, where=TOKEN, help="positions: learned (the default) | sinusoidal"),
+    dict(flag="--init", field="init", type=str, where=TOKEN, preset=True,
+         help="initialisation: gpt2 (N(0, 0.02)) | fan-in (N(0, 1/fan_in) matrices, N(0, 1) embeddings)"),
+    dict(flag="--dtype", field="dtype", type=str, where=TOKEN, help="float32 (the default) | float64"),
+    dict(flag="--lr", type=float, check=lambda v, a: None if math.isfinite(v) and v > 0 else "must be a finite number > 0",
+         preset=True, run=True, help="peak learning rate (warm-up, then cosine to lr * lr-floor)"),
+    dict(flag="--lr-floor", type=float, check=lambda v, a: None if 0.0 <= v <= 1.0 else "must lie in [0, 1] (a fraction "
+         "of --lr)", where=TOKEN, preset=True, run=True, legacy=LR_FLOOR,
+         help=f"final learning rate as a fraction of --lr (default {LR_FLOOR})"),
+    dict(flag="--warmup", type=int, check=lambda v, a: None if v >= 0 else "must be a non-negative integer",
+         where=TOKEN, preset=True, run=True, help="warm-up steps"),
+    dict(flag="--weight-decay", type=float, check=lambda v, a: None if 0.0 <= v < 1.0 else "must lie in [0, 1)",
+         where=TOKEN, preset=True, run=True, legacy=WEIGHT_DECAY,
+         help=f"AdamW decoupled weight decay on the matrices (default {WEIGHT_DECAY} unless the preset says otherwise)"),
+    dict(flag="--soft", type=bool, where=TOKEN, run=True,
+         help="train on the exact posterior (soft targets) instead of sampled labels"),
+    dict(flag="--threads", type=int, preset=True, run=True, legacy="any",
+         check=lambda v, a: None if 1 <= v <= numba.config.NUMBA_NUM_THREADS else
+         f"must lie in 1..{numba.config.NUMBA_NUM_THREADS} (NUMBA_NUM_THREADS)",
+         help="Numba threads (default: all cores, unless the preset says otherwise)"),
+    dict(flag="--seed", type=int, default=0, where=(*TOKEN, "sticky:one-head"), run=True,
+         check=lambda v, a: None if 0 <= v < 2 ** 63 else "must be an integer in 0..2^63-1",
+         help="seed of the initialisation and the data stream (default 0; Paper II's comparisons use five seeds)"),
+    dict(flag="--eval-seqs", type=int, default=EVAL_SEQS, where=TOKEN, run=True, legacy=EVAL_SEQS,
+         check=lambda v, a: None if v >= MIN_EVAL_SEQS else f"must be at least {MIN_EVAL_SEQS} (the single-sequence "
+         "figure draws four)", help=f"held-out sequences for evaluation (default {EVAL_SEQS})"),
+    dict(flag="--stop-after", type=int, check=positive, where=TOKEN, metavar="N",
+         help="stop after N steps with a checkpoint, as Ctrl-C would (continue with --resume)"),
+    dict(flag="--out", type=str, help="run directory (default runs/<task>-<model>-<preset>)"),
+    dict(flag="--figures", type=str, where=TOKEN, help="where the figures go (default: the run directory; "
+         "--figures figures regenerates the ones the documents show)"),
+    dict(flag="--kernels", type=str, default="numba", choices=lambda a: ["numba", "numpy"],
+         help="numba: the fast twins of kernels.py | numpy: the NumPy ops as written (slower; see the README)"),
+    dict(flag="--eval-only", type=str, where=TOKEN, metavar="CHECKPOINT", help="evaluate a checkpoint, no training"),
+    dict(flag="--resume", type=bool, where=TOKEN, help="continue the run in --out from its checkpoint (also after "
+         "Ctrl-C, SIGTERM or SIGHUP)"),
+    dict(flag="--overwrite", type=bool, where=TOKEN, help="replace the run already in --out (its checkpoint, metrics, "
+         "logs, snapshots and figures) instead of refusing"),
+    dict(flag="--no-geometry", type=bool, where=TOKEN, help="skip the geometry probes (geometry.py) after training"),
+    dict(flag="--compare-em", type=bool, where=(STICKY,), help="sticky: SGD against the EM-like schedule and the true "
+         "M-step over 5 seeds"),
+    dict(flag="--deep", type=bool, where=(STICKY,), help="sticky: the authors' deep variant (4 pre-LN blocks, AdamW, "
+         "a held-out chain), 5 seeds"),
+    dict(flag="--chain", type=str, default="exact", choices=lambda a: ["exact", "authors"], where=SOME,
+         help="sticky: exact (self-transition 0.3, the default) | authors (0.3498, as the authors' script builds it)"),
+    dict(flag="--sigma", type=float, default=1.0, where=("sticky:one-head",),
+         check=lambda v, a: None if math.isfinite(v) and v > 0 else "must be a finite number > 0",
+         help="sticky: the input noise of the one-head run (default 1)"),
+    dict(flag="--quiet", type=bool, where=TOKEN, help="no progress bar"),
+]
+
+
+def flag_table():
+    """FLAGS and the registered tasks' own flags, as {flag: row}; a flag several tasks declare applies to each."""
+    table = {row["flag"]: dict(row) for row in FLAGS}
+    for name in tasks.TASKS:
+        for flag, spec in tasks.task(name).FLAGS.items():
+            row = table.setdefault(flag, dict(flag=flag, dest=spec["setting"], type=spec["type"], setting=True,
+                                              help=spec["help"], checks={}, where=(), run=True))
+            row["where"] = (*row["where"], name)
+            row["checks"][name] = spec["check"]
+    for row in table.values():
+        row.setdefault("dest", row["flag"][2:].replace("-", "_"))
+    return table
+
+
+def presets_of(args):
+    if args.task == STICKY:
+        return ["default", "quick"]
+    return list({**tasks.task(args.task).PRESETS, **family_presets(args.model, args.task)})
+
+
+def family_presets(model, task):
+    """A family's own presets for a task, over the task's (models.py: PRESETS)."""
+    return getattr(models.module(model), "PRESETS", {}).get(task, {})
+
+
+def context(args):
+    """Where a run is: its token task's name, or sticky:<experiment>."""
+    if args.task != STICKY:
+        return args.task
+    return f"{STICKY}:" + ("compare-em" if args.compare_em else "deep" if args.deep else "one-head")
+
 
 def parse_args(argv=None):
+    """The flags, checked once: one line and exit code 2 for anything wrong; -> args, with the presets, the
+    task's settings (args.settings) and the defaults filled in."""
+    table = flag_table()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.error = fail
-    p.add_argument("--task", default=TASK, help="wind tunnel: bijection (format a, the default) | sawtooth "
-                   "(format b, Paper I's variant) | hmm | sticky (Paper II)")
-    p.add_argument("--model", default="transformer", help="transformer (the default) | mlp (the authors' MLP: "
-                   "one token and its position) | prefix-mlp (an MLP that sees the whole prefix)")
-    p.add_argument("--baseline", default="mlp", help="the MLP trained after the transformer: mlp (the default) | "
-                   "prefix-mlp")
-    p.add_argument("--preset", default="default", help="quick | default (the default) | paper: sets the sizes below")
-    p.add_argument("--steps", type=int, help="training steps (default: from the preset)")
-    p.add_argument("--batch", type=int, help="sequences per step")
-    p.add_argument("--width", type=int, help="model width d_model")
-    p.add_argument("--layers", type=int, help="transformer layers (MLP: residual blocks)")
-    p.add_argument("--heads", type=int, help="attention heads (must divide the width)")
-    p.add_argument("--lr", type=float, help="peak learning rate (warm-up, then cosine to lr * lr-floor)")
-    p.add_argument("--lr-floor", type=float, help="final learning rate as a fraction of --lr (default 0.1)")
-    p.add_argument("--warmup", type=int, help="warm-up steps")
-    p.add_argument("--weight-decay", type=float, help=f"AdamW decoupled weight decay on the matrices "
-                   f"(default {WEIGHT_DECAY} unless the preset says otherwise)")
-    p.add_argument("--threads", type=int, help="Numba threads (default: all cores, unless the preset says otherwise)")
-    p.add_argument("--seed", type=int, help="seed of the initialisation and the data stream (default 0)")
-    p.add_argument("--dtype", default="float32", help="float32 (the default) | float64")
-    p.add_argument("--pos", default="learned", help="positions: learned (the default) | sinusoidal")
-    p.add_argument("--soft", action="store_true", help="train on the exact posterior (soft targets) instead of "
-                                                       "sampled labels (values, hidden states)")
-    p.add_argument("--V", type=int, help=f"bijection, sawtooth: number of keys (= values), L = V - 1 pairs "
-                   f"(default {V})")
-    p.add_argument("--K", type=int, help=f"hmm: observations per training sequence (default {HMM_K})")
-    p.add_argument("--curriculum", help="sawtooth: keys from smaller random alphabets first, stages "
-                   "alphabet:until_step (e.g. 5:2500,10:4000); the targets stay exact (default: from the preset)")
-    p.add_argument("--init", help="initialisation: gpt2 (N(0, 0.02)) | fan-in (N(0, 1/fan_in) matrices, "
-                   "N(0, 1) embeddings) (default: from the preset)")
-    p.add_argument("--stop-after", type=int, metavar="N",
-                   help="stop after N steps with a checkpoint, as Ctrl-C would (continue with --resume)")
-    p.add_argument("--out", help="run directory (default runs/<task>-<model>-<preset>)")
-    p.add_argument("--figures", help="where the figures go (default: the run directory; --figures figures "
-                   "regenerates the ones the documents show)")
-    p.add_argument("--kernels", default="numba", help="numba: the fast twins of kernels.py | numpy: the readable "
-                   "NumPy ops of layers.py and bayesattn.py, as written (slower, the same numbers)")
-    p.add_argument("--eval-only", metavar="CHECKPOINT", help="evaluate a checkpoint, no training")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint (also after "
-                   "Ctrl-C, SIGTERM or SIGHUP)")
-    p.add_argument("--no-baseline", action="store_true", help="do not train the MLP baseline after the transformer")
-    p.add_argument("--eval-seqs", type=int, help=f"held-out sequences for evaluation (default {EVAL_SEQS})")
-    p.add_argument("--overwrite", action="store_true", help="replace the run already in --out (its checkpoint, "
-                   "metrics, logs, snapshots and figures) instead of refusing")
-    p.add_argument("--compare-em", action="store_true", help="sticky: SGD against the EM-like schedule and "
-                                                             "the true M-step over 5 seeds")
-    p.add_argument("--chain", help="sticky: exact (self-transition 0.3, the default) | authors (0.3498, as the "
-                   "authors' script builds it)")
-    p.add_argument("--deep", action="store_true", help="sticky: the authors' deep variant (4 pre-LN blocks, AdamW, "
-                                                       "a held-out chain), 5 seeds")
-    p.add_argument("--no-geometry", action="store_true", help="skip the geometry probes (geometry.py) after training")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    for flag, row in table.items():
+        if row["type"] is bool:
+            p.add_argument(flag, dest=row["dest"], action="store_true", help=row["help"])
+        else:
+            p.add_argument(flag, dest=row["dest"], type=row["type"], metavar=row.get("metavar"), help=row["help"])
     args = p.parse_args(argv)
-    if args.kernels not in ("numba", "numpy"):
-        fail(f"--kernels {args.kernels!r}: allowed are numba, numpy")
-    if args.task not in TASKS:
-        fail(f"--task {args.task!r}: allowed are {', '.join(TASKS)}")
-    if args.model not in MODELS:
-        fail(f"--model {args.model!r}: allowed are {', '.join(MODELS)}")
-    if args.baseline not in MODELS[1:]:
-        fail(f"--baseline {args.baseline!r}: allowed are {', '.join(MODELS[1:])}")
-    misplaced = [(flag, tasks) for flag, given, tasks in (
-        ("--V", args.V is not None, ("bijection", "sawtooth")), ("--K", args.K is not None, ("hmm",)),
-        ("--curriculum", args.curriculum is not None, ("sawtooth",)), ("--chain", args.chain is not None, ("sticky",)),
-        ("--deep", args.deep, ("sticky",)))
-        if given and args.task not in tasks]
-    if misplaced:
-        flag, tasks = misplaced[0]
-        fail(f"{flag} does not apply to --task {args.task} (it belongs to {' and '.join(tasks)})")
-    args.V = V if args.V is None else args.V
-    args.K = HMM_K if args.K is None else args.K
-    if args.task == "sticky":                       # Paper II's one-head model: dynamics.py owns its settings
-        ignored = [flag for flag, given in (
-            ("--model", args.model != "transformer"), ("--preset", args.preset != "default"),
-            ("--resume", args.resume), ("--eval-only", args.eval_only), ("--batch", args.batch),
-            ("--width", args.width), ("--layers", args.layers), ("--heads", args.heads),
-            ("--dtype", args.dtype != "float32"), ("--soft", args.soft), ("--init", args.init is not None),
-            ("--baseline", args.baseline != "mlp"), ("--no-baseline", args.no_baseline),
-            ("--lr-floor", args.lr_floor is not None), ("--weight-decay", args.weight_decay is not None),
-            ("--figures", args.figures is not None), ("--stop-after", args.stop_after is not None),
-            ("--eval-seqs", args.eval_seqs is not None), ("--warmup", args.warmup is not None),
-            ("--curriculum", args.curriculum is not None), ("--overwrite", args.overwrite),
-            ("--quiet", args.quiet), ("--no-geometry", args.no_geometry))
-            if given]
-        if ignored:
-            fail(f"{', '.join(ignored)}: not used by --task sticky (allowed: --steps, --lr, --seed, --out, "
-                 f"--compare-em, --deep, --chain, --threads)")
-        args.chain = args.chain or "exact"
-        if args.chain not in ("exact", "authors"):
-            fail(f"--chain {args.chain!r}: allowed are exact, authors")
-        if args.compare_em and args.deep:
-            fail("--compare-em and --deep are two experiments: run them one at a time")
-    if args.task != "sticky":
-        if args.preset not in PRESETS[args.task]:
-            fail(f"--preset {args.preset!r}: allowed are {', '.join(PRESETS[args.task])}")
-        for key, value in PRESETS[args.task][args.preset].items():
-            if getattr(args, key) is None:
-                setattr(args, key, value)
-    if args.lr_floor is None:
-        args.lr_floor = 0.1
-    args.init = args.init or "gpt2"
-    if args.init not in ba.INITS:
-        fail(f"--init {args.init!r}: allowed are {', '.join(ba.INITS)}")
-    if args.task == "sawtooth":
-        try:
-            training.parse_curriculum(args.curriculum, args.V)
-        except ValueError as e:
-            fail(str(e))
-    args.curriculum = args.curriculum or ""
-    if not 0.0 <= args.lr_floor <= 1.0:
-        fail(f"--lr-floor {args.lr_floor}: must lie in [0, 1] (a fraction of --lr)")
-    if args.weight_decay is None:
-        args.weight_decay = WEIGHT_DECAY
-    if not 0.0 <= args.weight_decay < 1.0:
-        fail(f"--weight-decay {args.weight_decay}: must lie in [0, 1)")
-    if args.threads is None:
-        args.threads = numba.config.NUMBA_NUM_THREADS
-    if not 1 <= args.threads <= numba.config.NUMBA_NUM_THREADS:
-        fail(f"--threads {args.threads}: must lie in 1..{numba.config.NUMBA_NUM_THREADS} (NUMBA_NUM_THREADS)")
-    for key in ("steps", "batch", "width", "layers", "heads"):
-        value = getattr(args, key)
-        if value is not None and value < 1:
-            fail(f"--{key.replace('_', '-')} {value}: must be a positive integer")
-    if args.warmup is not None and args.warmup < 0:
-        fail(f"--warmup {args.warmup}: must be a non-negative integer")
-    if args.seed is not None and not 0 <= args.seed < 2 ** 63:
-        fail(f"--seed {args.seed}: must be an integer in 0..2^63-1")
-    args.seed = 0 if args.seed is None else args.seed
-    if args.eval_seqs is not None and args.eval_seqs < MIN_EVAL_SEQS:
-        fail(f"--eval-seqs {args.eval_seqs}: must be at least {MIN_EVAL_SEQS} (the single-sequence figure draws four)")
-    args.eval_seqs_given = args.eval_seqs is not None
-    args.eval_seqs = EVAL_SEQS if args.eval_seqs is None else args.eval_seqs
-    if args.V < 2:
-        fail(f"--V {args.V}: the bijection needs at least 2 keys")
-    if args.K < 1:
-        fail(f"--K {args.K}: the HMM needs at least 1 observation")
-    if args.stop_after is not None and args.stop_after < 1:
-        fail(f"--stop-after {args.stop_after}: must be a positive integer")
-    if args.lr is not None and not (math.isfinite(args.lr) and args.lr > 0):
-        fail(f"--lr {args.lr}: must be a finite number > 0")
-    if args.pos not in ("learned", "sinusoidal"):
-        fail(f"--pos {args.pos!r}: allowed are learned, sinusoidal")
-    if args.dtype not in ("float32", "float64"):
-        fail(f"--dtype {args.dtype!r}: allowed are float32, float64")
-    if args.task != "sticky" and args.width % args.heads:
-        fail(f"--heads {args.heads} does not divide --width {args.width}")
-    if args.compare_em and args.task != "sticky":
-        fail(f"--compare-em belongs to --task sticky, not --task {args.task}")
-    if args.task == "sticky":
-        what = "dynamics" if args.compare_em else "deep-variant" if args.deep else "sticky-one-head"
-        args.out = args.out or os.path.join("runs", what + ("-authors-chain" if args.chain == "authors" else ""))
+    args.argv = list(sys.argv[1:] if argv is None else argv)        # the command, for the run directory's lock
+    typed = lambda row: getattr(args, row["dest"]) is True if row["type"] is bool else getattr(args, row["dest"]) is not None
+    given = {flag for flag, row in table.items() if typed(row)}     # `--seed 0` is typed too (0 == False)
+    for flag in ("--task", "--model", "--preset"):                    # what decides what the others mean
+        if getattr(args, table[flag]["dest"]) is None:
+            setattr(args, table[flag]["dest"], table[flag]["default"])
+    check_value(table["--task"], args)
+    if args.compare_em and args.deep:
+        fail("--compare-em and --deep are two experiments: run them one at a time")
+    where = context(args)
+    for flag in sorted(given, key=list(table).index):                 # a flag typed where it does not apply
+        places = table[flag].get("where")
+        if places is not None and where not in places and args.task not in places:
+            fail(f"{flag} does not apply to {describe(where)} (it belongs to {' and '.join(map(describe, places))})")
+    if args.task == STICKY:
+        fill_defaults(table, args, {}, where)
+        for flag in given:
+            check_value(table[flag], args)
+        args.out = args.out or os.path.join("runs", {"one-head": "sticky-one-head", "compare-em": "dynamics",
+                                                     "deep": "deep-variant"}[where.split(":")[1]]
+                                            + ("-quick" if args.preset == "quick" else "")
+                                            + ("-authors-chain" if args.chain == "authors" else ""))
+        return args
+    check_value(table["--model"], args)
+    check_value(table["--preset"], args)
+    fields = models.config_fields(args.model)
+    for flag in sorted(given, key=list(table).index):                 # a size the model's family does not have
+        field = table[flag].get("field")
+        if field is not None and field not in fields:
+            fail(f"{flag} does not apply to --model {args.model} (its Config has no {field})")
+    preset = {**tasks.task(args.task).PRESETS[args.preset], **family_presets(args.model, args.task).get(args.preset, {})}
+    fill_defaults(table, args, preset, where)
+    for flag, row in table.items():
+        if getattr(args, row["dest"]) is not None and (flag in given or row.get("preset") or row.get("setting")):
+            check_value(row, args)
+    args.settings = tasks.settings(args.task, {row["dest"]: getattr(args, row["dest"])
+                                               for row in table.values() if row.get("setting")})
+    args.eval_seqs_given = "--eval-seqs" in given
+    args.given = given
     args.out = args.out or os.path.join("runs", f"{args.task}-{args.model}-{args.preset}")
     return args
 
 
+def describe(where):
+    return f"--task {where}" if ":" not in where else f"--task sticky {'(the one-head run)' if where.endswith('one-head') else '--' + where.split(':')[1]}"
+
+
+def fill_defaults(table, args, preset, where):
+    """Unset flags take the preset's value, then the row's default; the task's settings their SETTINGS'."""
+    for flag, row in table.items():
+        dest = row["dest"]
+        if getattr(args, dest) is None and dest in preset:
+            setattr(args, dest, preset[dest])
+        if getattr(args, dest) is None and "default" in row:
+            setattr(args, dest, row["default"])
+    args.lr_floor = LR_FLOOR if args.lr_floor is None else args.lr_floor
+    args.weight_decay = WEIGHT_DECAY if args.weight_decay is None else args.weight_decay
+    args.threads = numba.config.NUMBA_NUM_THREADS if args.threads is None else args.threads
+    if args.task != STICKY:
+        for name, default in tasks.task(args.task).SETTINGS.items():
+            if getattr(args, name, None) is None:
+                setattr(args, name, default)
+
+
+def check_value(row, args):
+    """One line and exit 2 if the flag's value is not allowed."""
+    value = getattr(args, row["dest"])
+    if value is None or row["type"] is bool:
+        return
+    shown = repr(value) if row["type"] is str else value
+    if "choices" in row and value not in row["choices"](args):
+        fail(f"{row['flag']} {shown}: allowed are {', '.join(row['choices'](args))}")
+    checks = [row["check"]] if "check" in row else [c for t, c in row.get("checks", {}).items() if t == args.task]
+    for check in checks:
+        problem = check(value, vars(args)) if row.get("setting") else check(value, args)
+        if problem:
+            fail(f"{row['flag']} {shown}: {problem}")
+
+
+# ----------------------------------------------------------------------------
+# models of a run: the --model family from the flags, the baseline capacity-matched to it
+
+def model_config(args, sizes, name):
+    """The family's Config from the task's sizes and the flags its Config declares; one line if invalid.
+    Learned positions cover the longest evaluated length; with a longer evaluation than training, a family
+    with pos_limit reuses its last trained row past the training length."""
+    fields = models.config_fields(name)
+    table = flag_table()
+    values = dict(vocab_size=sizes["vocab"], n_classes=sizes["classes"], max_len=sizes["eval_len"])
+    values.update({row["field"]: getattr(args, row["dest"]) for row in table.values()
+                   if row.get("field") in fields and getattr(args, row["dest"]) is not None})
+    values = {k: v for k, v in values.items() if k in fields}
+    try:
+        cfg = models.make_config(name, **values)
+    except (TypeError, ValueError) as e:
+        fail(in_flags(str(e), table, name))
+    return fit_positions(cfg, sizes)
+
+
+def in_flags(message, table, name):
+    """A Config's error ("n_heads=3 does not divide d_model=64: allowed are ...") in the words of the flags that
+    set those fields ("--heads 3 does not divide --width 64: allowed are ..."), its allowed values unquoted;
+    a field no flag sets keeps its name, and the family is named."""
+    flags = {row["field"]: row["flag"] for row in table.values() if row.get("field")}
+    translated = re.sub(r"\b(\w+)=('[^']*'|\S+?)(?=[:,) ]|$)",
+                        lambda m: f"{flags[m.group(1)]} {m.group(2)}" if m.group(1) in flags else m.group(0), message)
+    head, sep, allowed = translated.partition("allowed are ")
+    return head + sep + allowed.replace("'", "") + ("" if translated.startswith("--") else f" (--model {name})")
+
+
+def fit_positions(cfg, sizes):
+    """pos_limit = the training length when evaluation runs longer (the HMM's K = 30, 50): the task is
+    time-homogeneous, so 'one more observation' beats an untrained row. Older checkpoints get it here too."""
+    if getattr(cfg, "pos", None) == "learned" and hasattr(cfg, "pos_limit") and not cfg.pos_limit \
+            and sizes["eval_len"] > sizes["max_len"]:
+        cfg.pos_limit = sizes["max_len"]
+    return cfg
+
+
+def baseline_config(name, main_cfg, target_params):
+    """The baseline's Config: the main model's shared fields it declares, the width matched to target_params."""
+    fields = models.config_fields(name)
+    shared = {k: v for k, v in main_cfg.to_dict().items() if k in fields and k != "d_model" and k in models.SHARED_FIELDS}
+    return models.match_capacity(name, shared, target_params)
+
+
+# ----------------------------------------------------------------------------
+# one training run of one model, through training.train
+
+def lr_at(args, step, steps):
+    """Warm-up, then cosine from args.lr to args.lr * args.lr_floor at `steps`."""
+    return optim.lr_schedule(step, args.lr, args.warmup, steps, min_lr=args.lr * args.lr_floor)
+
+
+def log_spaced_steps(steps, n, first=100):
+    """n snapshot steps, log-spaced from `first` (the frame-precision probe starts near step 100; a run of
+    fewer than 1,000 steps starts at a tenth of its length) to steps."""
+    return sorted({int(round(s)) for s in np.geomspace(max(1, min(first, steps // 10)), steps, n)} | {steps})
+
+
+def run_meta(args, model, step, steps, seconds=0.0):
+    """What a checkpoint records of its run: every flag of the run's identity, the task's settings, the model."""
+    meta = {row["dest"]: getattr(args, row["dest"]) for row in flag_table().values()
+            if row.get("run") and not row.get("setting")}
+    meta.update(args.settings, model=model, step=step, steps=steps, seconds=round(seconds, 2),
+                pos=getattr(args, "pos", None), init=getattr(args, "init", None), dtype=getattr(args, "dtype", None),
+                versions=versions())
+    return meta
+
+
+def bayes_loss_bits(batch, soft=False):
+    """The loss floor of this batch, in bits: the cross-entropy of the sampled targets under the exact
+    posterior, or with soft targets the posterior's own entropy (so loss - floor is then the KL)."""
+    import windtunnels as wt
+    mask = batch["mask"] > 0
+    if soft:
+        return float(wt.entropy_bits(batch["posterior"][mask]).mean())
+    p = np.take_along_axis(batch["posterior"], batch["targets"][..., None], -1)[..., 0]
+    return float(-np.log2(p[mask]).mean())
+
+
+def train_model(args, name, cfg, params, opt_state, start, steps, main, bar, cost):
+    """Train one model of the run in args.out from step `start` to `steps` (or --stop-after), writing its
+    log, snapshots (the main model) and checkpoints; bar (or None): the command's one progress bar, which
+    this model's steps advance by `cost` each. -> params, step reached, seconds, interrupted."""
+    opt_state = opt_state or optim.adamw_init(params)
+    decay = models.decay_set(name, params)
+    loss_and_grads = lambda p, tok, tgt, m: models.loss_and_grads(name, p, tok, tgt, m, cfg)
+    ckpt = os.path.join(args.out, runs.checkpoint_name(name, main))
+    snap_dir = os.path.join(args.out, "snapshots")
+    snapshots = set(log_spaced_steps(steps, N_SNAPSHOTS)) if main else set()
+    os.makedirs(snap_dir, exist_ok=True)
+    log_path = os.path.join(args.out, runs.log_name(name, main))
+    rows = []
+    if start and os.path.exists(log_path):       # keep the rows up to the checkpoint, drop any after it
+        with open(log_path, newline="") as f:
+            rows = [r for r in list(csv.reader(f))[1:] if r and int(r[0]) <= start]
+    prior = float(getattr(args, "prior_seconds", {}).get(name, 0.0)) if start else 0.0
+    wall = {"t0": None}
+
+    def save(path, step, with_state=True):
+        save_checked(path, params, cfg, run_meta(args, name, step, steps, wall["seconds"]),
+                     opt_state if with_state else None)
+
+    def step(i):
+        batch = tasks.sample(args.task, np.random.default_rng((args.seed, i)), args.batch, args.settings, i)
+        lr = lr_at(args, i, steps)
+        targets = batch["posterior"] if args.soft else batch["targets"]
+        loss, norm = training.train_step(loss_and_grads, params, opt_state, batch["tokens"], targets, batch["mask"],
+                                         lr, args.weight_decay, decay=decay)
+        return dict(loss=loss, grad_norm=norm, lr=lr, floor=bayes_loss_bits(batch, args.soft))
+
+    with open(log_path, "w", newline="") as log_file:
+        log = csv.writer(log_file)
+        log.writerow(["step", "loss_bits", "bayes_loss_bits", "lr", "grad_norm", "seconds"])
+        log.writerows(rows)
+        t0 = time.time() - prior
+
+        def on_step(i, r, compute):
+            wall["seconds"], wall["step"] = time.time() - t0, i + 1
+            loss_bits = layers.bits(r["loss"])
+            log.writerow([i + 1, f"{loss_bits:.6f}", f"{r['floor']:.6f}", f"{r['lr']:.3e}", f"{r['grad_norm']:.4f}",
+                          f"{wall['seconds']:.2f}"])
+            if (i + 1) in snapshots:
+                save(os.path.join(snap_dir, f"step_{i + 1:07d}.npz"), i + 1, with_state=False)
+            if (i + 1) % SAVE_EVERY == 0:
+                save(ckpt, i + 1)
+            if i % 10 == 0:
+                log_file.flush()                     # so `tail runs/<name>/log.csv` follows the run
+                if bar is not None:
+                    bar.set_postfix_str(f"{name}: loss {loss_bits:.3f} bits | Bayes {r['floor']:.3f} bits")
+
+        wall["seconds"] = prior
+        try:
+            out = training.train(step, steps, start, args.stop_after, on_step=on_step,
+                                 on_interrupt=lambda s: save(ckpt, s), prior_seconds=prior,
+                                 progress=None if bar is None else lambda: bar.update(cost))
+            if not out["interrupted"]:
+                wall["seconds"] = out["seconds"]
+                save(ckpt, out["step"])
+        except training.TrainingStopped as e:            # the loss or the gradient turned non-finite
+            kept = (f"the last good checkpoint stays in {ckpt}" if os.path.exists(ckpt)
+                    else "no checkpoint had been written yet")
+            raise training.TrainingStopped(f"{e}, {kept} (try a smaller --lr)") from None
+        except CheckpointNotSaved as e:                  # a weight is not finite, or the disk refused
+            raise training.TrainingStopped(f"step {wall.get('step', '?')}: {e}; training stopped (try a smaller "
+                                           f"--lr)") from None
+    return params, out["step"], out["seconds"], out["interrupted"]
+
+
+# ----------------------------------------------------------------------------
+# evaluation
+
+def evaluate_run(args, name, params, cfg):
+    """Held-out metrics, and on the task's variants (the HMM's longer K) the same under its VARIANTS key."""
+    predict = lambda tok: models.predict_proba(name, params, tok, cfg)
+    sets = tasks.held_out_sets(args.task, args.settings, args.eval_seqs, args.seed)
+    metrics, traces = evaluate(predict, sets.pop(""))
+    key = getattr(tasks.task(args.task), "VARIANTS", None)
+    if key and sets:
+        curves = {label: (metrics if batch is None else evaluate(predict, batch)[0]) for label, batch in sets.items()}
+        metrics[key] = {label: m["kl_bits"] for label, m in curves.items()}
+        metrics[key + "_all"] = {label: {k: m[k] for k in ("kl_bits", "entropy_mae_bits", "entropy_mae_seq_bits")}
+                                 for label, m in curves.items()}
+        metrics[key + "_curves"] = {label: m["per_position"] for label, m in curves.items()}
+    return metrics, traces
+
+
 def summary_table(rows, prior_gap=None):
     """The models' metrics, then the exact posterior's (0) and a prior-only predictor's: its entropy MAE,
-    per-sequence MAE and KL all equal the prior's gap, log2(#classes) - E[H_Bayes] (windtunnels.prior_gap_bits)."""
+    per-sequence MAE and KL all equal the prior's gap, log2(#classes) - E[H_Bayes] (tasks.prior_gap_bits)."""
     head = (f"{'model':<14}{'params':>10}{'entropy MAE':>13}{'per-seq MAE':>13}{'KL':>11}{'excess CE':>11}"
             f"{'p(impossible)':>15}")
     lines = [head, "-" * len(head)]
@@ -269,123 +455,149 @@ def summary_table(rows, prior_gap=None):
     return "\n".join(lines)
 
 
-def evaluate_run(args, predict, params):
-    """Held-out metrics; for the HMM also at K = 30 and 50 (length generalisation)."""
-    metrics, traces = evaluate(lambda tok: predict(params, tok), training.held_out(args))
-    if args.task == "hmm":
-        curves = {args.K: metrics}
-        for K in eval_lengths(args.K)[1:]:
-            curves[K], _ = evaluate(lambda tok: predict(params, tok), training.held_out(args, K=K))
-        metrics["length_generalization"] = {str(K): m["kl_bits"] for K, m in curves.items()}
-        metrics["length_generalization_all"] = {
-            str(K): {key: m[key] for key in ("kl_bits", "entropy_mae_bits", "entropy_mae_seq_bits")}
-            for K, m in curves.items()}
-        metrics["length_generalization_curves"] = {str(K): m["per_position"] for K, m in curves.items()}
-    return metrics, traces
+def draw_figures(args, results, traces, fig_dir, run_name):
+    """The run's calibration figure (every model), the main model's single sequences and variants."""
+    label = getattr(tasks.task(args.task), "ANSWER_LABEL", "answer index i")
+    figure = lambda what: os.path.join(fig_dir, f"{run_name}_{what}.png")
+    paths = [plots.plot_calibration(results, args.task, label, figure("calibration")),
+             plots.plot_traces(traces, args.task, label, figure("traces"))]
+    main = next(iter(results.values()))
+    if "length_generalization" in main:
+        paths.append(plots.plot_length_generalization(plots.length_curves(main), figure("length_generalization")))
+    return paths
 
 
-def prior_gap(args):
-    """The task's prior gap in bits (what the authors' MLP can reach at best)."""
-    return wt.prior_gap_bits(args.task, V=args.V, K=args.K)
-
+# ----------------------------------------------------------------------------
+# what runs in which order
 
 def main(argv=None):
-    """python train.py: one line and exit code 2 for bad input or a file that cannot be written."""
+    """python train.py: one line and exit code 2 for bad input or a file that cannot be written. The fast
+    path and the thread count are this call's: both are what they were before once it returns."""
+    args = parse_args(argv)
+    threads = numba.get_num_threads()
     try:
-        return dispatch(parse_args(argv))
+        numba.set_num_threads(args.threads)
+        with kernel_switch(args.kernels):
+            return dispatch(args)
     except OSError as e:
         fail(f"{e.filename or 'a file'} cannot be written ({e.strerror})")
+    finally:
+        numba.set_num_threads(threads)
+
+
+def kernel_switch(which):
+    """--kernels numba: the fast twins within the block; numpy: the NumPy ops as written."""
+    if which == "numba":
+        import kernels
+        return kernels.enabled()
+    return layers.use_twins({})
+
+
+def writable(flag, folder):
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, ".write-test"), "w"):
+            pass
+        os.remove(os.path.join(folder, ".write-test"))
+    except OSError as e:
+        fail(f"{flag} {folder!r} cannot be written ({e.strerror})")
 
 
 def dispatch(args):
-    numba.set_num_threads(args.threads)
-    if args.kernels == "numba":
-        import kernels
-        kernels.enable()                             # the fast twins; --kernels numpy keeps the NumPy ops
+    if args.task == STICKY:
+        writable("--out", args.out)
+        return paper_two(args)
     if args.eval_only:
         return eval_only(args)
     args.figures = args.figures or args.out                     # a run's figures stay in its directory
-    for flag, folder in (("--out", args.out), ("--figures", args.figures)):   # fail now, not after training
-        try:
-            os.makedirs(folder, exist_ok=True)
-            with open(os.path.join(folder, ".write-test"), "w"):
-                pass
-            os.remove(os.path.join(folder, ".write-test"))
-        except OSError as e:
-            fail(f"{flag} {folder!r} cannot be written ({e.strerror})")
-    if args.task == "sticky":
-        return sticky(args)
-    spec = task_spec(args.task, V=args.V, K=args.K, soft=args.soft, curriculum=args.curriculum)
-    need, have = training.step_memory_bytes(args, spec), training.available_memory_bytes()
-    if need > 0.8 * have:                           # refuse before allocating anything
+    sizes = tasks.sizes(args.task, args.settings)
+    cfg = model_config(args, sizes, args.model)
+    need, have = models.step_memory_bytes(args.model, cfg, args.batch, sizes["eval_len"]), available_memory_bytes()
+    if need > 0.8 * have:                                       # refuse before allocating anything
         fits = max(0, int(args.batch * 0.8 * have / need))
         fail(f"--batch {args.batch} --width {args.width} --layers {args.layers}: a training step would need about "
              f"{need / 2**30:.1f} GiB, and {have / 2**30:.1f} GiB are available"
              + (f" (--batch {fits} would fit)" if fits else ""))
     if args.resume and args.overwrite:
         fail("--resume and --overwrite: continue the run in --out or replace it, not both")
-    previous = training.run_files(args.out)
+    for flag, folder in (("--out", args.out), ("--figures", args.figures)):   # fail now, not after training
+        writable(flag, folder)
+    try:
+        runs.acquire(args.out, " ".join(["train.py", *args.argv]))
+    except runs.RunDirectoryBusy as e:
+        fail(f"--out {e}")
+    try:
+        return token_run(args, sizes, cfg)
+    finally:
+        runs.release(args.out)
+
+
+def token_run(args, sizes, cfg):
+    previous = runs.run_files(args.out, models.FAMILIES)
     if previous and not (args.resume or args.overwrite):
         fail(f"--out {args.out!r} already holds a run ({', '.join(previous[:3])}{', ...' if len(previous) > 3 else ''}): "
              f"continue it with --resume, replace it with --overwrite, or give another --out")
-    training.remove_stale_temporaries(args.out)                 # a save killed half-way leaves .tmp-* files
+    runs.remove_stale_temporaries(args.out)                     # a save killed half-way leaves .tmp-* files
     if args.overwrite:
-        training.remove_run(args.out, previous)
-    results = {}
+        runs.remove_run(args.out, previous)
     run_name = os.path.basename(os.path.normpath(args.out))    # figures are named after the run
-    figure = lambda what: os.path.join(args.figures, f"{run_name}_{what}.png")
-    gap = prior_gap(args)                                       # the authors' MLP can reach this at best
+    gap = tasks.prior_gap_bits(args.task, args.settings)        # the authors' MLP can reach this at best
 
-    # the model (a transformer unless --model says otherwise), then the baseline MLP (unless --no-baseline)
-    resumed = load_for_resume(args) if args.resume else None     # (params, cfg, opt_state, step)
-    t_state = resumed if resumed and args.model == "transformer" else (None, None, None, 0)
-    model, params, cfg = make_transformer(args, spec, t_state[0], t_state[1])
-    n_params = ba.count_params(params)                           # the MLPs match the transformer's size
-    runs = [("transformer", model, params, cfg, t_state[2], t_state[3])] if args.model == "transformer" else []
-    mlps = [args.model] if args.model != "transformer" else [] if args.no_baseline else [args.baseline]
-    for name in mlps:
-        m_state = resumed if resumed and args.model == name else (None, None, None, 0)
-        if args.resume and args.model == "transformer" and os.path.exists(os.path.join(args.out, checkpoint_name(name))):
-            m_state = load_for_resume(argparse.Namespace(**{**vars(args), "model": name}))  # baseline resumes too
+    # the model (--model), then the baseline capacity-matched to it (unless --no-baseline)
+    args.prior_seconds = {}
+    state = load_for_resume(args, args.model, True, cfg) if args.resume else None
+    params = state[0] if state else models.init_params(args.model, cfg, args.seed)
+    phases = [(args.model, state[1] if state else cfg, params, *(state[2:] if state else (None, 0)), True, args.steps)]
+    n_params = models.count_params(params)
+    if not args.no_baseline and args.baseline == args.model:
+        print(f"no baseline: --baseline {args.baseline} is the --model itself")
+    if not args.no_baseline and args.baseline != args.model:
         try:
-            mlp_model, mlp_params, mcfg = make_mlp(args, spec, n_params, m_state[0], m_state[1],
-                                                   inputs="token" if name == "mlp" else "prefix")
-            runs.append((name, mlp_model, mlp_params, mcfg, m_state[2], m_state[3]))
-        except ValueError as e:                      # too small a transformer to match
-            if args.model == name:
-                fail(f"--model {name}: {e}")
-            print(f"{name} baseline skipped: {e}")
-    sizes = ", ".join(f"{ba.count_params(r[2]):,} {r[0]} parameters" for r in runs)   # each model's own size
-    print(f"{args.task}: {sizes}, {args.steps} steps of batch {args.batch}, "
-          f"{'soft posterior' if spec['soft'] else 'sampled'} targets, run dir {args.out}")
-    for name, mdl, prm, c, opt_state, start in runs:
-        model_args = argparse.Namespace(**{**vars(args), "model": name})
-        try:
-            prm, _, step, seconds, interrupted = training.train(
-                mdl, prm, c, spec, model_args, args.out, opt_state=opt_state, start=start,
-                log_name="log.csv" if name == "transformer" else f"log_{name}.csv")
-        except training.TrainingStopped as e:
-            fail(str(e))
-        if interrupted:
-            print(f"\ninterrupted after step {step}: checkpoint saved; continue with --resume", file=sys.stderr)
-            sys.exit(130)
-        if step < args.steps:
-            print(f"stopped at step {step} of {args.steps} (--stop-after); continue with "
-                  f"python train.py --resume --out {args.out} and the same flags, without --stop-after")
-            return results
-        metrics, traces = evaluate_run(args, mdl[1], prm)
-        metrics = dict(task=args.task, model=name, params=ba.count_params(prm), steps=step,
-                       seconds=round(seconds, 1), targets="soft" if spec["soft"] else "sampled",
-                       prior_gap_bits=gap, config=c.to_dict(), **metrics)
-        write_json(os.path.join(args.out, metrics_name(name)), metrics)
-        results[name] = metrics
-        if name == "transformer":
-            plots.plot_traces(traces, args.task, figure("traces"))
-            if args.task == "hmm":
-                plots.plot_length_generalization(plots.length_curves(metrics), figure("length_generalization"))
-    plots.plot_calibration(results, args.task, figure("calibration"))
+            bcfg = baseline_config(args.baseline, phases[0][1], n_params)
+        except ValueError as e:                                  # too small a model to match
+            print(f"{args.baseline} baseline skipped: {e}")
+        else:
+            bsteps = args.baseline_steps or args.steps
+            path = os.path.join(args.out, runs.checkpoint_name(args.baseline, False))
+            bstate = load_for_resume(args, args.baseline, False, bcfg, bsteps) if args.resume and os.path.exists(path) \
+                else None
+            bparams = bstate[0] if bstate else models.init_params(args.baseline, bcfg, args.seed)
+            phases.append((args.baseline, bstate[1] if bstate else bcfg, bparams,
+                           *(bstate[2:] if bstate else (None, 0)), False, bsteps))
+    sizes_line = ", ".join(f"{models.count_params(p[2]):,} {p[0]} parameters" for p in phases)
+    print(f"{args.task}: {sizes_line}; {' then '.join(f'{p[6]} steps' for p in phases)} of batch {args.batch}, "
+          f"{'soft posterior' if args.soft else 'sampled'} targets, run dir {args.out}")
+    cost = {p[0]: float(models.step_flops(p[0], p[1], args.batch, sizes["max_len"])) for p in phases}
+    bar = None if args.quiet else progress_bar(
+        sum(cost[p[0]] * max(0, min(p[6], args.stop_after or p[6]) - p[5]) for p in phases), args.task)
+    results, traces = {}, None
+    try:
+        for name, mcfg, prm, opt_state, start, main_model, steps in phases:
+            try:
+                prm, step, seconds, interrupted = train_model(args, name, mcfg, prm, opt_state, start, steps,
+                                                              main_model, bar, cost[name])
+            except training.TrainingStopped as e:
+                fail(str(e))
+            if interrupted:
+                print(f"\ninterrupted after step {step}: checkpoint saved; continue with --resume", file=sys.stderr)
+                sys.exit(130)
+            if step < steps:
+                print(f"stopped at step {step} of {steps} (--stop-after); continue with "
+                      f"python train.py --resume --out {args.out} and the same flags, without --stop-after")
+                return results
+            metrics, t = evaluate_run(args, name, prm, mcfg)
+            metrics = dict(task=args.task, model=name, params=models.count_params(prm), steps=step,
+                           seconds=round(seconds, 1), targets="soft" if args.soft else "sampled",
+                           prior_gap_bits=gap, config=mcfg.to_dict(), **metrics, versions=versions())
+            write_json(os.path.join(args.out, runs.metrics_name(name, main_model)), metrics)
+            results[name] = metrics
+            traces = traces or t
+    finally:
+        if bar is not None:
+            bar.close()
+    draw_figures(args, results, traces, args.figures, run_name)
     print(summary_table(results, gap))
-    if "transformer" in results and not args.no_geometry:
+    if results and getattr(models.module(args.model), "PROBES", False) and not args.no_geometry:
         import geometry                                  # the geometry probes, into runs/<name>/geometry.json
         geometry.analyze(os.path.join(args.out, "checkpoint.npz"), fig_dir=args.figures)
         print(f"geometry: {os.path.join(args.out, 'geometry.json')} and {args.figures}/geometry_*.png")
@@ -395,56 +607,72 @@ def dispatch(args):
     return results
 
 
-def sticky(args):
-    """Paper II on the sticky chain: dynamics.py's one head, the EM comparison or the deep variant."""
+def progress_bar(total, desc):
+    """One progress bar, and one estimate of the time left, for all the training of the command: each model
+    advances it by its estimated cost per step (models.step_flops) at every step, so the rate measured so
+    far prices the steps still to come of every model."""
+    from tqdm import tqdm
+    return tqdm(total=total, desc=desc, dynamic_ncols=True, mininterval=1.0,
+                bar_format="{desc}: {percentage:3.0f}% |{bar}| {elapsed} so far, about {remaining} left for the "
+                           "training of the whole command{postfix}")
+
+
+def available_memory_bytes():
+    """MemAvailable of /proc/meminfo (Linux), or the physical memory where that file is missing."""
     try:
-        return _sticky(args)
-    except ValueError as e:                          # a loss that turned non-finite
-        fail(str(e))
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def _sticky(args):
-    import json
-    import dynamics
-    if args.compare_em:                              # SGD vs EM-like vs true M-step, 5 seeds (minutes)
-        return dynamics.compare_em(steps=args.steps or 1000, out_dir=args.out, chain=args.chain)
-    if args.deep:                                    # the authors' deep variant, 5 seeds (an hour)
-        return dynamics.run_deep(args.chain, args.steps or 1000, args.out)
-    metrics = dynamics.run_sticky(steps=args.steps or 1000, seed=args.seed, lr=args.lr or 0.01,
-                                  out_dir=args.out, chain=args.chain)
-    print(json.dumps({k: v for k, v in metrics.items() if not isinstance(v, (list, dict))}, indent=1))
-    return metrics
-
-
-def load_for_resume(args):
-    """-> (params, cfg, opt_state, step) of the run in --out, after checking it is the same run."""
-    path = os.path.join(args.out, checkpoint_name(args.model))
+def load_for_resume(args, name, main, cfg, steps=None):
+    """-> (params, cfg, opt_state, step) of that model of the run in --out, after checking it is the same
+    run: every flag of the run's identity, and the model's size against the flags that set it."""
+    steps = steps or args.steps
+    path = os.path.join(args.out, runs.checkpoint_name(name, main))
     try:
-        params, cfg, meta, opt_state = load_checkpoint(path)
+        params, ckpt_cfg, meta, opt_state = load_checkpoint(path)
     except ValueError as e:
         fail(f"--resume: {e}")
-    want = training.run_meta(args, meta.get("step", 0))
-    # threads too: the split products' partial sums depend on it, and a resume is bit-identical only at the same
-    for key in ("task", "model", "seed", "batch", "steps", "lr", "warmup", "lr_floor", "weight_decay", "threads",
-                "soft", "curriculum", "V", "K", "pos", "init", "dtype", "eval_seqs"):
-        # runs older than --lr-floor used 0.1, older than --weight-decay 0.01; older than --threads: not checked
-        have = meta.get(key, {"lr_floor": 0.1, "weight_decay": WEIGHT_DECAY, "threads": want["threads"],
-                              "curriculum": "", "init": "gpt2", "eval_seqs": EVAL_SEQS}.get(key))
+    want = run_meta(args, name, meta.get("step", 0), steps)
+    legacy_keys = getattr(tasks.task(args.task), "LEGACY_META", {})
+    for row in flag_table().values():
+        if not row.get("run") or (row.get("where") and args.task not in row["where"]):
+            continue
+        key = row["dest"]
+        have = meta.get(key, meta.get(legacy_keys.get(key, key), row.get("legacy", "missing")))
+        if key == "steps":
+            have = meta.get("steps")
+        if have == "any" or (key == "baseline_steps" and have == "missing"):
+            continue
+        if key == "threads" and have == "missing":
+            continue
         if have != want[key]:
             fail(f"--resume: checkpoint {path!r} has {key}={have!r} but this run asks for {want[key]!r}")
+    if meta.get("model", name) != name:
+        fail(f"--resume: checkpoint {path!r} holds a {meta.get('model')!r}, not the {name!r} asked for")
     if args.stop_after is not None and args.stop_after <= meta.get("step", 0):
         fail(f"--stop-after {args.stop_after}: the checkpoint {path!r} is already at step {meta.get('step', 0)}; "
              f"give a later step, or leave --stop-after out to finish the run")
     if opt_state is None:
         fail(f"--resume: checkpoint {path!r} holds no optimiser state")
-    if args.model == "transformer" and (cfg.d_model, cfg.n_layers, cfg.n_heads) != (args.width, args.layers, args.heads):
-        fail(f"--resume: checkpoint {path!r} holds width {cfg.d_model}, {cfg.n_layers} layers, {cfg.n_heads} heads, "
-             f"not the {args.width}/{args.layers}/{args.heads} asked for")
-    args.prior_seconds = float(meta.get("seconds", 0.0))
-    return params, cfg, opt_state, int(meta["step"])
+    flags = {row["field"]: row["flag"] for row in flag_table().values() if row.get("field")}
+    different = [k for k in cfg.to_dict() if k != "pos_limit" and getattr(ckpt_cfg, k) != getattr(cfg, k)]
+    shown = [k for k in different if k in flags] or different        # the flags' fields (d_mlp follows --width)
+    if different:
+        fail(f"--resume: checkpoint {path!r} holds {', '.join(f'{flags.get(k, k)} {getattr(ckpt_cfg, k)}' for k in shown)}, "
+             f"not the {', '.join(f'{flags.get(k, k)} {getattr(cfg, k)}' for k in shown)} asked for")
+    args.prior_seconds[name] = float(meta.get("seconds", 0.0))
+    return params, fit_positions(ckpt_cfg, tasks.sizes(args.task, args.settings)), opt_state, int(meta["step"])
 
 
 def eval_only(args):
+    """Score a checkpoint on its run's own held-out set (its task, settings and seed from its meta) and
+    redraw its figures."""
     try:
         params, cfg, meta, _ = load_checkpoint(args.eval_only)
     except ValueError as e:
@@ -454,36 +682,52 @@ def eval_only(args):
     if meta.get("replacement"):
         fail(f"--eval-only: checkpoint {args.eval_only!r} is of the retired --replacement variant "
              f"(separate vocabularies, keys with replacement); Paper I's variant is --task sawtooth")
-    for key in ("task", "V", "K", "seed"):               # the run's own held-out set: its seed picks it
-        if key in meta:
-            setattr(args, key, meta[key])
-    if "eval_seqs" in meta and not args.eval_seqs_given:
+    if meta["task"] not in tasks.TASKS:
+        fail(f"--eval-only: checkpoint {args.eval_only!r} is of task {meta['task']!r}; allowed are {', '.join(tasks.TASKS)}")
+    args.task, name = meta["task"], meta["model"]
+    mod = tasks.task(args.task)
+    legacy = getattr(mod, "LEGACY_META", {})
+    args.settings = {**mod.settings_of(cfg), **{k: meta[k] for k in mod.SETTINGS if k in meta},
+                     **{k: meta[v] for k, v in legacy.items() if k not in meta and v in meta}}
+    args.seed = meta.get("seed", args.seed)
+    if "eval_seqs" in meta and not args.eval_seqs_given:        # the run's own held-out set: its seed picks it
         args.eval_seqs = meta["eval_seqs"]
-    spec = task_spec(args.task, V=args.V, K=args.K)
-    if (cfg.vocab_size, cfg.n_classes) != (spec["vocab"], spec["classes"]):
+    sizes = tasks.sizes(args.task, args.settings)
+    if (cfg.vocab_size, cfg.n_classes) != (sizes["vocab"], sizes["classes"]):
         fail(f"--eval-only: checkpoint {args.eval_only!r} has {cfg.vocab_size} tokens and {cfg.n_classes} classes, "
-             f"not the {spec['vocab']} and {spec['classes']} of task {args.task}")
-    name = "transformer" if isinstance(cfg, ba.Config) else "mlp" if cfg.inputs == "token" else "prefix-mlp"
-    if name == "transformer":
-        model, params, cfg = make_transformer(args, spec, params, cfg)
-    else:
-        model, params, cfg = make_mlp(args, spec, None, params, cfg)
-    metrics, traces = evaluate_run(args, model[1], params)
-    metrics = dict(task=args.task, model=name, params=ba.count_params(params), **metrics)
-    print(summary_table({name: metrics}, prior_gap(args)))
-    if name == "transformer":                    # redraw the run's figures from this evaluation
-        run_name = os.path.basename(os.path.dirname(os.path.abspath(args.eval_only)))
-        args.figures = args.figures or os.path.dirname(os.path.abspath(args.eval_only))
-        try:
-            os.makedirs(args.figures, exist_ok=True)
-        except OSError as e:
-            fail(f"--figures {args.figures!r} cannot be written ({e.strerror})")
-        paths = [plots.plot_calibration({name: metrics}, args.task, os.path.join(args.figures, f"{run_name}_calibration.png")),
-                 plots.plot_traces(traces, args.task, os.path.join(args.figures, f"{run_name}_traces.png"))]
-        if "length_generalization" in metrics:
-            paths.append(plots.plot_length_generalization(
-                plots.length_curves(metrics), os.path.join(args.figures, f"{run_name}_length_generalization.png")))
-        print("figures: " + ", ".join(paths))
+             f"not the {sizes['vocab']} and {sizes['classes']} of task {args.task}")
+    cfg = fit_positions(cfg, sizes)
+    metrics, traces = evaluate_run(args, name, params, cfg)
+    metrics = dict(task=args.task, model=name, params=models.count_params(params), **metrics)
+    print(summary_table({name: metrics}, tasks.prior_gap_bits(args.task, args.settings)))
+    run_dir = os.path.dirname(os.path.abspath(args.eval_only))
+    args.figures = args.figures or run_dir
+    writable("--figures", args.figures)
+    paths = draw_figures(args, {name: metrics}, traces, args.figures, os.path.basename(run_dir))
+    print("figures: " + ", ".join(paths))
+    return metrics
+
+
+# ----------------------------------------------------------------------------
+# Paper II on the sticky chain: its experiments (dynamics.py), each through training.train
+
+def paper_two(args):
+    import dynamics
+    where = context(args).split(":")[1]
+    try:
+        if where == "compare-em":                            # SGD vs EM-like vs true M-step, 5 seeds (minutes)
+            return dynamics.compare_em(steps=args.steps or 1000, lr=args.lr or dynamics.SGD_LR, out_dir=args.out,
+                                       quick=args.preset == "quick", chain=args.chain)
+        if where == "deep":                                  # the authors' deep variant, 5 seeds (an hour)
+            return dynamics.run_deep(args.chain, args.steps or 1000, args.out, lr=args.lr or dynamics.DEEP_LR)
+        metrics = dynamics.run_sticky(steps=args.steps or 1000, seed=args.seed, lr=args.lr or dynamics.SGD_LR,
+                                      sigma=args.sigma, out_dir=args.out, chain=args.chain)
+    except training.TrainingStopped as e:                    # a loss that turned non-finite
+        fail(str(e))
+    except training.Interrupted as e:                        # Ctrl-C, SIGTERM, SIGHUP: nothing half-written
+        print(f"\n{e}", file=sys.stderr)
+        sys.exit(130)
+    print(json.dumps({k: v for k, v in metrics.items() if not isinstance(v, (list, dict))}, indent=1))
     return metrics
 
 

@@ -1,0 +1,196 @@
+"""sawtooth: Paper I's sawtooth variant of the bijection, format (b), as a task of tasks.TASKS.
+
+One shared vocabulary 0..V-1 for keys and values, keys drawn WITH replacement, and a final query key q
+drawn from the context keys:   k1 v1 k2 v2 ... kL vL q.
+The model predicts v_i at the key k_i and pi(q) at q. Posterior at k_i: one-hot if k_i appeared before
+(its value is known), else uniform over the V - m values the m distinct earlier keys have not taken; at
+q: one-hot. The entropy along one sequence is a sawtooth, and it is not a function of the position.
+The paper's curve (and so the paper metric) covers the L values; the query is scored apart (query_mask).
+The posterior depends only on the pairs seen, never on how the keys were drawn, so a curriculum that
+draws keys from a smaller alphabet (more repeats) keeps every target exact.
+
+Notation: n sequences, T = 2L + 1 tokens, V keys (= values), L = n_pairs pairs, A an alphabet size.
+"""
+import numpy as np
+
+import bijection
+
+ANSWER_LABEL = "key index i (pairs seen = i - 1)"   # what the figures call the i-th answer
+SETTINGS = {"V": 20, "curriculum": ""}
+
+
+def parse_curriculum(text, V):
+    """"A:S,A2:S2,..." -> [(S, A), ...]: keys from A-key alphabets before step S, then A2 before S2, ...;
+    after the last stage, the task itself (all V keys). "" or None -> []. ValueError if malformed."""
+    stages = []
+    for part in (text or "").split(","):
+        if not part.strip():
+            continue
+        try:
+            A, S = (int(x) for x in part.split(":"))
+        except ValueError:
+            raise ValueError("expected stages alphabet:until_step, e.g. 5:2500,10:4000") from None
+        if not 1 <= A <= V or S < 1 or (stages and S <= stages[-1][0]):
+            raise ValueError(f"each alphabet must lie in 1..{V} and the steps must increase")
+        stages.append((S, A))
+    return stages
+
+
+def check_curriculum(text, s):
+    try:
+        parse_curriculum(text, s["V"])
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+FLAGS = {"--V": bijection.FLAGS["--V"],
+         "--curriculum": dict(setting="curriculum", type=str, check=check_curriculum, quote=True,
+                              help="sawtooth: keys from smaller random alphabets first, stages alphabet:until_step "
+                                   "(e.g. 5:2500,10:4000); the targets stay exact (default: from the preset)")}
+PRESETS = {
+    # fan-in init and 1,000 steps of 5-key alphabets first: without either, the lookup does not form
+    # within the budget (RESULTS.md, sawtooth); heads of 32 (>= the 20 hypotheses); 2 layers for time
+    "quick":   dict(width=32, layers=2, heads=2, batch=32, steps=60, lr=3e-3, warmup=10, curriculum="5:30",
+                    init="fan-in"),
+    # the README's first command: the default model for 2,500 steps (the lookup forms, about 0.1 bits), and the
+    # authors' MLP for the 500 steps in which it reaches the prior (its log shows it): minutes on a laptop
+    "first":   dict(width=64, layers=2, heads=2, batch=64, steps=2500, lr=3e-3, warmup=100,
+                    curriculum="5:500", init="fan-in", weight_decay=0.0, baseline_steps=500),
+    "default": dict(width=64, layers=2, heads=2, batch=64, steps=8000, lr=3e-3, warmup=100,
+                    curriculum="5:1000", init="fan-in", weight_decay=0.0),
+    # batch 32 for three times the steps per sample (batch 16 left the query unlearned), cosine to zero
+    "paper":   dict(width=64, layers=2, heads=2, batch=32, steps=100000, lr=3e-3, warmup=200, lr_floor=0.0,
+                    curriculum="5:2000", init="fan-in", weight_decay=0.0, threads=1),
+}
+
+
+# ----------------------------------------------------------------------------
+# the task protocol
+
+def sizes(s):
+    T = 2 * (s["V"] - 1) + 1
+    return dict(vocab=s["V"], classes=s["V"], max_len=T, eval_len=T)
+
+
+def curriculum_alphabet(stages, step):
+    """The key alphabet at this step (None: all keys, the task itself; also when step is None)."""
+    for until, A in stages:
+        if step is not None and step < until:
+            return A
+    return None
+
+
+def sample(rng, n, s, step=None):
+    """n sequences; the training loop passes its step, which picks the curriculum's alphabet (held-out
+    sets pass none and see the task itself)."""
+    return batch(rng, n, s["V"], alphabet=curriculum_alphabet(parse_curriculum(s["curriculum"], s["V"]), step))
+
+
+def prior_gap_bits(s):
+    """The paper metric of a prior-only predictor over the L values (the query is not in the paper's curve), exact."""
+    return float(np.mean(np.log2(s["V"]) - entropy_curve(s["V"])))
+
+
+def settings_of(cfg):
+    return {"V": int(cfg.n_classes), "curriculum": ""}
+
+
+# ----------------------------------------------------------------------------
+# the sampler and the exact posterior
+
+def batch(rng, n, V=20, n_pairs=None, alphabet=None):
+    """n sequences of the sawtooth bijection, T = 2L + 1, with exact posteriors at every key and
+    at the query. alphabet: draw each sequence's keys from a random subset of that many keys
+    (default V: uniform over all keys)."""
+    L = V - 1 if n_pairs is None else n_pairs
+    A = V if alphabet is None else int(alphabet)
+    if V < 2:
+        raise ValueError(f"V must be >= 2, got {V}")
+    if n < 1 or L < 1:
+        raise ValueError(f"n and n_pairs must be >= 1, got n = {n}, n_pairs = {L}")
+    if not 1 <= A <= V:
+        raise ValueError(f"alphabet must lie in 1..{V}, got {alphabet}")
+    identity = np.tile(np.arange(V), (n, 1))  # (n, V)
+    perm = rng.permuted(identity, axis=1)  # (n, V) a fresh bijection per sequence
+    subset = rng.permuted(identity, axis=1)[:, :A]  # (n, A) the keys this sequence may use
+    keys = np.take_along_axis(subset, rng.integers(0, A, size=(n, L)), axis=1)  # (n, L) iid from the subset
+    values = np.take_along_axis(perm, keys, axis=1)  # (n, L)
+    rows = np.arange(n)
+    j = rng.integers(0, L, size=n)  # (n,) which context pair the query repeats
+    query, answer = keys[rows, j], values[rows, j]
+
+    T = 2 * L + 1
+    tokens = np.zeros((n, T), dtype=np.int64)
+    targets = np.zeros((n, T), dtype=np.int64)
+    mask = np.zeros((n, T))
+    posterior = np.zeros((n, T, V))
+    at_key = slice(0, 2 * L, 2)
+    tokens[:, at_key], tokens[:, 1:2 * L:2], tokens[:, -1] = keys, values, query  # shared vocabulary
+    targets[:, at_key], targets[:, -1] = values, answer
+    mask[:, at_key], mask[:, -1] = 1.0, 1.0
+    posterior[:, at_key] = bijection.posterior_batch(keys, values, V)  # (n, L, V)
+    posterior[:, -1] = np.eye(V)[answer]  # the query key was seen: one-hot
+    query_mask = np.zeros((n, T))
+    query_mask[:, -1] = 1.0
+    return dict(tokens=tokens, targets=targets, mask=mask, posterior=posterior, query_mask=query_mask)
+
+
+def distinct_keys_distribution(V, n):
+    """P(m distinct keys among n iid uniform draws from V), m = 0..V: (V + 1,). By the recursion
+    P_{n+1}(m) = P_n(m) m / V + P_n(m - 1) (V - m + 1) / V, P_0 = [1, 0, ...]."""
+    p = np.zeros(V + 1)
+    p[0] = 1.0
+    m = np.arange(V + 1)
+    for _ in range(n):
+        new = p * m / V  # the draw repeats one of the m keys
+        new[1:] += p[:-1] * (V - m[1:] + 1) / V  # the draw is a new key
+        p = new
+    return p
+
+
+def entropy_curve(V, n_pairs=None):
+    """E[H_Bayes] at the i-th key of the sawtooth, i = 1..L, averaged over sequences: (L,).
+    With m distinct earlier keys the key is new with probability (V - m) / V, and then
+    H = log2(V - m); a repeated key has H = 0."""
+    L = V - 1 if n_pairs is None else n_pairs
+    if V < 2 or L < 1:
+        raise ValueError(f"need V >= 2 and n_pairs >= 1, got V = {V}, n_pairs = {L}")
+    m = np.arange(V + 1)
+    h_new = np.log2(np.maximum(V - m, 1))  # (V + 1,) entropy with a new key after m distinct keys
+    return np.array([distinct_keys_distribution(V, i - 1) @ ((V - m) / V * h_new) for i in range(1, L + 1)])
+
+
+# ----------------------------------------------------------------------------
+# what the geometry probes read (manifold.py): cols (P,) are the answer positions (the L keys; the
+# query is scored apart), the same in every row
+
+def hypothesis_tokens(cfg):
+    """The tokens that stand for the hypotheses: all V tokens (keys and values share them)."""
+    return np.arange(cfg.n_classes)
+
+
+def token_groups(cfg, tokens):
+    """One type: the V tokens, keys and values at once (every position)."""
+    return {"tokens": (np.arange(cfg.n_classes), np.arange(tokens.shape[1]))}
+
+
+def token_names(cfg, tokens):
+    """k3 / v7 / q5 (the final query)."""
+    return [("q" if i == len(tokens) - 1 else "k" if i % 2 == 0 else "v") + str(t) for i, t in enumerate(tokens)]
+
+
+evidence_masks = bijection.evidence_masks
+swap_query = bijection.swap_query
+
+
+def row_split(batch, cols):
+    """The binary split that could carry an entropy statistic: {"seen key": (n, P) bool}. A key seen before
+    has H_Bayes = 0, a new one H_Bayes = log2(V - m) >= log2(V - L + 1), so within a position this split
+    alone explains nearly all of H's variance."""
+    return {"seen key": bijection.key_seen_before(batch["tokens"], cols)}
+
+
+def graded_rows(batch, cols):
+    """(n, P) bool: the new-key rows, where H_Bayes = log2(V - m) is graded by the number m of values taken."""
+    return ~bijection.key_seen_before(batch["tokens"], cols)

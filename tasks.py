@@ -1,0 +1,72 @@
+"""tasks: the registry of token wind tunnels, and what every task shares, written once against their names.
+
+A task is one module exposing
+    SETTINGS = {name: default}            its settings (a run's meta records them); s below is such a dict
+    FLAGS = {flag: spec}                  the command-line flags that set them: spec = dict(setting, type,
+                                          check(value, s) -> None or what is wrong, help)
+    PRESETS = {preset: {flag dest: value}}   sizes and optimisation of the presets (quick, default, paper)
+    sizes(s) -> dict(vocab, classes, max_len, eval_len)   input tokens, output classes, the training
+                                          length and the longest evaluated length (>= max_len)
+    sample(rng, n, s, step=None) -> batch  n sequences with exact posteriors (windtunnels.py says what a
+                                          batch holds); the training loop passes its step (a curriculum
+                                          may read it), held-out sets pass none and see the task itself
+    prior_gap_bits(s) -> float            the paper metric of a prior-only predictor (the authors' MLP)
+    settings_of(cfg) -> s                 the settings of an older checkpoint whose meta lacks them
+and, where it has them:
+    variants(s) -> {label: s'}, VARIANTS  more held-out sets (the HMM's longer lengths), reported under
+                                          metrics[VARIANTS] by label
+    the probes' hooks (manifold.py): hypothesis_tokens, token_groups, evidence_masks, token_names, ...
+
+Which positions are supervised is each batch's own: mask (and query_mask for answers scored apart), row
+by row. TASKS maps the name a user types (--task) to the module's name. Adding a task is adding its
+module and one entry here. Paper II's sticky chain (continuous inputs) is sticky.py, outside the registry.
+"""
+
+import importlib
+
+import numpy as np
+
+TASKS = {"bijection": "bijection", "sawtooth": "sawtooth", "hmm": "hmm"}
+EVAL_SEED = 1_000_003       # held-out data never overlaps the training stream (seeds (seed, step))
+
+
+def task(name):
+    """-> the task's module; ValueError naming the allowed names."""
+    if name not in TASKS:
+        raise ValueError(f"task {name!r}: allowed are {', '.join(TASKS)}")
+    return importlib.import_module(TASKS[name])
+
+
+def settings(name, given=None):
+    """The task's settings: its defaults, overridden by the given ones it declares (others are dropped)."""
+    defaults = task(name).SETTINGS
+    return {**defaults, **{k: v for k, v in (given or {}).items() if k in defaults and v is not None}}
+
+
+def sizes(name, s):
+    return task(name).sizes(s)
+
+
+def sample(name, rng, n, s, step=None):
+    return task(name).sample(rng, n, s, step)
+
+
+def prior_gap_bits(name, s):
+    return float(task(name).prior_gap_bits(s))
+
+
+def held_out_sets(name, s, n, seed):
+    """{label: batch}: the run's held-out sequences ("" the task itself, then the task's variants), each
+    from a generator seeded apart from every training batch."""
+    mod = task(name)
+    labels = getattr(mod, "variants", lambda s: {})(s)
+    sets = {"": mod.sample(np.random.default_rng(_held_out_seed(name, s, seed)), n, s)}
+    for label, v in labels.items():
+        sets[label] = sets[""] if v == s else mod.sample(np.random.default_rng(_held_out_seed(name, v, seed)), n, v)
+    return sets
+
+
+def _held_out_seed(name, s, seed):
+    """The held-out generator's seed: (EVAL_SEED, seed, the HMM's length) as it has always been (the
+    bijection and the sawtooth used the default length 20 there, which keeps their held-out sets)."""
+    return (EVAL_SEED, seed, int(s.get("n_obs", 20)))

@@ -1,0 +1,239 @@
+"""The conformance checks every registered model family passes (the way scikit-learn's check_estimator runs
+the same checks on any estimator): a family is tested by being registered in models.FAMILIES.
+
+For each family, on tiny shapes:
+  - every parameter's gradient against centred finite differences, float64, hard and soft targets, on the
+    NumPy path and on the fast path (the Numba twins);
+  - the fast path against the NumPy path: logits and every gradient;
+  - a checkpoint round trip (the family read back from the checkpoint's meta);
+  - a short training run on every task, through the project's loop, that must bring the held-out KL below
+    its value at initialisation by MARGIN (a backward that returns zeros, or the wrong sign, fails it).
+And the registry itself: adding a family is one module and one entry (a toy family, written here to a
+temporary module, trains, resumes, evaluates and refuses a flag it lacks through train.py).
+"""
+
+import json
+import os
+import sys
+import textwrap
+
+import layers as ly  # first: it pins OpenBLAS to one thread before NumPy loads
+import kernels
+import models
+import optim
+import numpy as np
+import pytest
+import tasks
+import training
+import windtunnels as wt
+from checkpoints import load_checkpoint, save_checked
+
+FAMILIES = sorted(models.FAMILIES)
+MARGIN = 0.05               # the trained held-out KL must be at most (1 - MARGIN) x the KL at initialisation
+TRAIN_STEPS = 40            # steps of the short training run (tiny shapes: seconds)
+TOL = {"float64": 1e-6}     # worst relative error of a gradient against finite differences, per tensor
+
+
+def tiny_config(name, task="bijection", dtype="float64"):
+    """The family's Config at the smallest shapes of a task: width 8, 1 layer (2 heads where it has them)."""
+    s = tasks.settings(task, {"V": 4} if task in ("bijection", "sawtooth") else {"n_obs": 3})
+    sizes = tasks.sizes(task, s)
+    fields = dict(vocab_size=sizes["vocab"], n_classes=sizes["classes"], max_len=sizes["max_len"], d_model=8,
+                  n_layers=1, dtype=dtype)
+    if "n_heads" in models.config_fields(name):
+        fields["n_heads"] = 2
+    return models.make_config(name, **{k: v for k, v in fields.items() if k in models.config_fields(name)}), s
+
+
+def tiny_batch(task, s, n=3, seed=0):
+    return tasks.sample(task, np.random.default_rng(seed), n, s)
+
+
+def loss_fn(name, cfg, params, batch, soft):
+    targets = batch["posterior"] if soft else batch["targets"]
+    return models.loss_and_grads(name, params, batch["tokens"], targets, batch["mask"], cfg)
+
+
+def rel_error(a, b, floor=1e-12):
+    """max |a - b| over max(|a|, |b|, floor): floor keeps a gradient that is zero in exact arithmetic (the key
+    bias: softmax ignores a shift shared by all keys) from comparing rounding noise with rounding noise."""
+    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(a)), np.max(np.abs(b)), floor))
+
+
+@pytest.fixture(params=["numpy", "numba"])
+def path(request):
+    """Each check on the NumPy path (as written) and on the fast path (the Numba twins)."""
+    if request.param == "numba":
+        with kernels.enabled():
+            yield request.param
+    else:
+        with ly.use_twins({}):
+            yield request.param
+
+
+@pytest.mark.parametrize("soft", [False, True], ids=["hard", "soft"])
+@pytest.mark.parametrize("name", FAMILIES)
+def test_every_gradient_against_finite_differences(name, soft, path):
+    cfg, s = tiny_config(name)
+    params = {k: v + 0.3 * np.random.default_rng(1).standard_normal(v.shape)    # away from a symmetric start
+              for k, v in models.init_params(name, cfg, 0).items()}
+    batch = tiny_batch("bijection", s)
+    _, grads = loss_fn(name, cfg, params, batch, soft)
+    assert set(grads) == set(params)
+    h, worst = 1e-5, {}
+    rng = np.random.default_rng(2)
+    for k, p in params.items():
+        idx = [tuple(rng.integers(0, d) for d in p.shape) for _ in range(6)]   # six entries per tensor
+        num = []
+        for i in idx:
+            old = p[i]
+            p[i] = old + h
+            up = loss_fn(name, cfg, params, batch, soft)[0]
+            p[i] = old - h
+            down = loss_fn(name, cfg, params, batch, soft)[0]
+            p[i] = old
+            num.append((up - down) / (2 * h))
+        ana = np.array([grads[k][i] for i in idx])
+        worst[k] = rel_error(ana, np.array(num)) if np.any(np.abs(num) > 1e-9) or np.any(np.abs(ana) > 1e-9) else 0.0
+    bad = {k: e for k, e in worst.items() if e > TOL["float64"]}
+    assert not bad, f"{name}: worst relative error per tensor above {TOL['float64']}: {bad}"
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_fast_path_matches_the_numpy_path(name):
+    cfg, s = tiny_config(name)
+    params = models.init_params(name, cfg, 0)
+    batch = tiny_batch("bijection", s)
+    with ly.use_twins({}):
+        ref_loss, ref = loss_fn(name, cfg, params, batch, True)
+        ref_logits, _ = models.module(name).forward(params, batch["tokens"], cfg)
+    with kernels.enabled():
+        loss, fast = loss_fn(name, cfg, params, batch, True)
+        logits, _ = models.module(name).forward(params, batch["tokens"], cfg)
+    assert loss == pytest.approx(ref_loss, rel=1e-12)
+    assert rel_error(logits, ref_logits) < 1e-12
+    scale = max(float(np.max(np.abs(g))) for g in ref.values())
+    worst = {k: rel_error(fast[k], ref[k], 1e-6 * scale) for k in ref}
+    assert max(worst.values()) < 1e-10, worst
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_checkpoint_round_trip(name, tmp_path):
+    cfg, _ = tiny_config(name, dtype="float32")
+    params = models.init_params(name, cfg, 3)
+    path = str(tmp_path / "c.npz")
+    save_checked(path, params, cfg, {"model": name, "task": "bijection", "step": 7})
+    got, got_cfg, meta, opt = load_checkpoint(path)
+    assert meta["model"] == name and got_cfg == cfg and opt is None
+    assert set(got) == set(params) and all(np.array_equal(got[k], params[k]) for k in params)
+    assert models.param_shapes(name, cfg) == {k: v.shape for k, v in params.items()}
+    assert models.count_params(params) == sum(v.size for v in params.values())
+
+
+def held_out_kl(name, cfg, params, batch):
+    """Mean KL(posterior || model) over the answer rows of a held-out batch, in bits."""
+    q = models.predict_proba(name, params, batch["tokens"], cfg)
+    mask = batch["mask"] > 0
+    return float(wt.kl_bits(batch["posterior"][mask], q[mask]).mean())
+
+
+@pytest.mark.parametrize("task", sorted(tasks.TASKS))
+@pytest.mark.parametrize("name", FAMILIES)
+def test_a_short_training_run_lowers_the_held_out_kl(name, task):
+    """Soft targets, AdamW through training.train_step and training.train, from a loud initialisation: the
+    held-out KL after TRAIN_STEPS steps is at most (1 - MARGIN) x its value at the start."""
+    cfg, s = tiny_config(name, task, dtype="float32")
+    rng = np.random.default_rng(5)                              # a loud start: the authors' MLP starts at the
+    params = {k: (v + 0.5 * rng.standard_normal(v.shape)).astype(v.dtype)   # prior it learns, so from its own
+              for k, v in models.init_params(name, cfg, 0).items()}         # init there is nothing to lower
+    held = tiny_batch(task, s, n=64, seed=99)
+    before = held_out_kl(name, cfg, params, held)
+    opt = optim.adamw_init(params)
+    decay = models.decay_set(name, params)
+
+    def step(i):
+        b = tasks.sample(task, np.random.default_rng((0, i)), 16, s, i)
+        loss, norm = training.train_step(lambda p, t, y, m: models.loss_and_grads(name, p, t, y, m, cfg), params, opt,
+                                         b["tokens"], b["posterior"], b["mask"], 1e-2, 0.0, decay=decay)
+        return dict(loss=loss, grad_norm=norm)
+    with kernels.enabled():
+        training.train(step, TRAIN_STEPS)
+    after = held_out_kl(name, cfg, params, held)
+    assert after <= (1 - MARGIN) * before, f"{name} on {task}: held-out KL {before:.4f} -> {after:.4f} bits"
+
+
+def test_decay_default_is_by_shape_not_by_name():
+    """A family without its own rule: matrices (two or more axes) decay, vectors and gains do not, whatever
+    their names (w_ih, A_log)."""
+    class Bare:                                               # a module without decayed()
+        pass
+    models.FAMILIES["_bare"] = "_bare_family"
+    sys.modules["_bare_family"] = Bare
+    try:
+        params = {"w_ih": np.zeros((3, 4)), "A_log": np.zeros(16), "conv": np.zeros((2, 3, 4)), "gain": np.ones(4)}
+        assert models.decay_set("_bare", params) == {"w_ih", "conv"}
+    finally:
+        del models.FAMILIES["_bare"], sys.modules["_bare_family"]
+
+
+# ----------------------------------------------------------------------------
+# adding a family is one module and one registry entry
+
+TOY = '''
+"""toy: logits = W[token] + b, a bigram model (one position sees its own token only): a family in four functions."""
+from dataclasses import dataclass, asdict
+
+import numpy as np
+
+
+@dataclass
+class Config:
+    vocab_size: int
+    n_classes: int
+    max_len: int = 64
+    d_model: int = 1
+    n_layers: int = 1
+    dtype: str = "float32"
+
+    def to_dict(self):
+        return asdict(self)
+
+
+def init_params(cfg, seed=0):
+    rng = np.random.default_rng(seed)
+    return {"W": (0.1 * rng.standard_normal((cfg.vocab_size, cfg.n_classes))).astype(cfg.dtype),
+            "b": np.zeros(cfg.n_classes, cfg.dtype)}
+
+
+def forward(params, tokens, cfg):
+    return params["W"][tokens] + params["b"], tokens          # logits (B, T, K), cache: the tokens
+
+
+def backward(dlogits, cache, params, cfg):
+    dW = np.zeros_like(params["W"])
+    np.add.at(dW, cache, dlogits)                              # forward: logits = W[tokens] + b
+    return {"W": dW, "b": dlogits.sum((0, 1))}
+'''
+
+
+def test_a_new_family_is_one_module_and_one_entry(tmp_path, monkeypatch, capsys):
+    import train
+    (tmp_path / "toy_family.py").write_text(textwrap.dedent(TOY))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(models.FAMILIES, "toy", "toy_family")
+    out = str(tmp_path / "run")
+    common = ["--model", "toy", "--preset", "quick", "--steps", "6", "--eval-seqs", "8", "--no-geometry", "--quiet",
+              "--out", out]
+    train.main([*common, "--no-baseline", "--stop-after", "3"])
+    train.main([*common, "--no-baseline", "--resume"])
+    with open(os.path.join(out, "metrics.json")) as f:
+        metrics = json.load(f)
+    assert metrics["model"] == "toy" and metrics["steps"] == 6
+    assert load_checkpoint(os.path.join(out, "checkpoint.npz"))[2]["model"] == "toy"
+    got = train.main(["--eval-only", os.path.join(out, "checkpoint.npz"), "--eval-seqs", "8"])
+    assert got["model"] == "toy" and got["kl_bits"] == pytest.approx(metrics["kl_bits"])
+    with pytest.raises(SystemExit) as e:
+        train.main(["--model", "toy", "--heads", "2", "--out", str(tmp_path / "other")])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--heads" in err[0] and "toy" in err[0]
