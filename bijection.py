@@ -2,12 +2,12 @@
 
 A fresh uniformly random bijection pi of V keys onto V values per sequence. Format (a): separate
 vocabularies (key k is token k, value v is token V + v), keys drawn without replacement,
-    k1 v1 k2 v2 ... kL          L = V - 1 pairs, the last value left out,
+    k1 v1 k2 v2 ... kL          n_pairs = V - 1 pairs, the last value left out,
 and at every key the model predicts the value that follows. The exact posterior at the i-th key is
 uniform over the V - i + 1 values not yet seen: its entropy log2(V - i + 1) bits is a function of the
 position alone. With an optional final query key (a key seen before) the posterior there is one-hot.
 
-Notation: n sequences, T tokens per sequence, V keys (= values), L = n_pairs (key, value) pairs.
+Notation: n sequences, T tokens per sequence, V keys (= values), n_pairs (key, value) pairs.
 The module is the task's one place: the sampler and tokens, the exact posterior, the supervised
 positions, the prior's gap, the presets and flags, and what the probes read (tasks.py lists the names).
 """
@@ -24,7 +24,7 @@ def check_V(V, s):
 
 
 FLAGS = {"--V": dict(setting="V", type=int, check=check_V,
-                     help="bijection, sawtooth: number of keys (= values), L = V - 1 pairs (default 20)")}
+                     help="bijection, sawtooth: number of keys (= values), n_pairs = V - 1 pairs (default 20)")}
 PRESETS = {
     # lr is the peak of warm-up + cosine, decayed to lr * lr_floor (lr_floor 0.1 unless a preset says otherwise)
     "quick":   dict(width=32, layers=2, heads=2, batch=32, steps=60, lr=3e-3, warmup=10),
@@ -76,7 +76,7 @@ def settings_of(cfg):
 
 
 def posterior(keys, values, V):
-    """Reference posterior of each value given the pairs before it: (L,), (L,) -> (L, V)."""
+    """Reference posterior of each value given the pairs before it: (n_pairs,), (n_pairs,) -> (n_pairs, V)."""
     keys = np.asarray(keys, dtype=np.int64)
     values = np.asarray(values, dtype=np.int64)
     if keys.ndim != 1 or keys.shape != values.shape:
@@ -85,7 +85,7 @@ def posterior(keys, values, V):
         raise ValueError(f"V must be >= 2, got {V}")
     if keys.size and (keys.min() < 0 or keys.max() >= V or values.min() < 0 or values.max() >= V):
         raise ValueError(f"keys and values must lie in 0..{V - 1}")
-    posterior = np.zeros((len(keys), V))  # (L, V)
+    posterior = np.zeros((len(keys), V))  # (n_pairs, V)
     known = {}  # key -> value, from the pairs seen so far
     for i, (k, v) in enumerate(zip(keys.tolist(), values.tolist())):
         if k in known:
@@ -103,51 +103,51 @@ def posterior(keys, values, V):
 
 
 def posterior_batch(keys, values, V):
-    """Vectorised posterior for consistent pairs: (n, L), (n, L) -> (n, L, V)."""
+    """Vectorised posterior for consistent pairs: (n, n_pairs), (n, n_pairs) -> (n, n_pairs, V)."""
     eye = np.eye(V)
-    key_onehot = eye[keys]  # (n, L, V)
-    value_onehot = eye[values]  # (n, L, V)
-    keys_before = np.cumsum(key_onehot, axis=1) - key_onehot  # (n, L, V) counts over pairs j < i
-    values_before = np.cumsum(value_onehot, axis=1) - value_onehot  # (n, L, V)
-    seen_key = np.sum(keys_before * key_onehot, axis=-1) > 0  # (n, L) keys[i] appeared before i
-    free = (values_before == 0).astype(np.float64)  # (n, L, V) values not yet assigned
-    uniform_free = free / np.maximum(free.sum(-1, keepdims=True), 1.0)  # (n, L, V)
-    return np.where(seen_key[..., None], value_onehot, uniform_free)  # (n, L, V)
+    key_onehot = eye[keys]  # (n, n_pairs, V)
+    value_onehot = eye[values]  # (n, n_pairs, V)
+    keys_before = np.cumsum(key_onehot, axis=1) - key_onehot  # (n, n_pairs, V) counts over pairs j < i
+    values_before = np.cumsum(value_onehot, axis=1) - value_onehot  # (n, n_pairs, V)
+    seen_key = np.sum(keys_before * key_onehot, axis=-1) > 0  # (n, n_pairs) keys[i] appeared before i
+    free = (values_before == 0).astype(np.float64)  # (n, n_pairs, V) values not yet assigned
+    uniform_free = free / np.maximum(free.sum(-1, keepdims=True), 1.0)  # (n, n_pairs, V)
+    return np.where(seen_key[..., None], value_onehot, uniform_free)  # (n, n_pairs, V)
 
 
 def batch(rng, n, V=20, n_pairs=None, replacement=False, query=False):
     """n sequences of the bijection task with exact posteriors at every key; T = 2 n_pairs (+1 with query)."""
-    L = V - 1 if n_pairs is None else n_pairs
+    n_pairs = V - 1 if n_pairs is None else n_pairs
     if V < 2:
         raise ValueError(f"V must be >= 2, got {V}")
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
-    if L < 1:
-        raise ValueError(f"n_pairs must be >= 1, got {L}")
-    if not replacement and L > V:
-        raise ValueError(f"n_pairs must be <= V = {V} without replacement, got {L}")
+    if n_pairs < 1:
+        raise ValueError(f"n_pairs must be >= 1, got {n_pairs}")
+    if not replacement and n_pairs > V:
+        raise ValueError(f"n_pairs must be <= V = {V} without replacement, got {n_pairs}")
     identity = np.tile(np.arange(V), (n, 1))  # (n, V)
     perm = rng.permuted(identity, axis=1)  # (n, V) perm[b, key] = value: a fresh bijection per sequence
     if replacement:
-        keys = rng.integers(0, V, size=(n, L))  # (n, L) iid uniform keys
+        keys = rng.integers(0, V, size=(n, n_pairs))  # (n, n_pairs) iid uniform keys
     else:
-        keys = rng.permuted(identity, axis=1)[:, :L]  # (n, L) L distinct keys in random order
-    values = np.take_along_axis(perm, keys, axis=1)  # (n, L) values[b, i] = perm[b, keys[b, i]]
+        keys = rng.permuted(identity, axis=1)[:, :n_pairs]  # (n, n_pairs) n_pairs distinct keys in random order
+    values = np.take_along_axis(perm, keys, axis=1)  # (n, n_pairs) values[b, i] = perm[b, keys[b, i]]
 
-    T = 2 * L + int(bool(query))
+    T = 2 * n_pairs + int(bool(query))
     tokens = np.zeros((n, T), dtype=np.int64)
     targets = np.zeros((n, T), dtype=np.int64)
     mask = np.zeros((n, T))
     posterior = np.zeros((n, T, V))
-    at_key = slice(0, 2 * L, 2)  # positions of k1 .. kL
+    at_key = slice(0, 2 * n_pairs, 2)  # positions of k1 .. kL
     tokens[:, at_key] = keys
-    tokens[:, 1 : 2 * L : 2] = V + values
+    tokens[:, 1 : 2 * n_pairs : 2] = V + values
     targets[:, at_key] = values
     mask[:, at_key] = 1.0
-    posterior[:, at_key] = posterior_batch(keys, values, V)  # (n, L, V)
+    posterior[:, at_key] = posterior_batch(keys, values, V)  # (n, n_pairs, V)
     if query:
         rows = np.arange(n)
-        j = rng.integers(0, L, size=n)  # (n,) which context pair is queried
+        j = rng.integers(0, n_pairs, size=n)  # (n,) which context pair is queried
         tokens[:, -1] = keys[rows, j]
         targets[:, -1] = values[rows, j]
         mask[:, -1] = 1.0
@@ -156,13 +156,13 @@ def batch(rng, n, V=20, n_pairs=None, replacement=False, query=False):
 
 
 def entropy_curve(V, n_pairs=None):
-    """H_Bayes(i) = log2(V - i + 1) bits at the i-th key, i = 1..L (keys without replacement): (L,)."""
-    L = V - 1 if n_pairs is None else n_pairs
+    """H_Bayes(i) = log2(V - i + 1) bits at the i-th key, i = 1..n_pairs (keys without replacement): (n_pairs,)."""
+    n_pairs = V - 1 if n_pairs is None else n_pairs
     if V < 2:
         raise ValueError(f"V must be >= 2, got {V}")
-    if L < 1 or L > V:
-        raise ValueError(f"n_pairs must be in 1..{V}, got {L}")
-    i = np.arange(1, L + 1)  # (L,)
+    if n_pairs < 1 or n_pairs > V:
+        raise ValueError(f"n_pairs must be in 1..{V}, got {n_pairs}")
+    i = np.arange(1, n_pairs + 1)  # (n_pairs,)
     return np.log2(V - i + 1.0)
 
 

@@ -256,8 +256,8 @@ def token_groups(cfg, tokens):
 
 
 def token_names(cfg, tokens):
-    """T / | / E for the header, o2 for an observation."""
-    return ["T"] * N_PROB + ["|"] + ["E"] * N_PROB + ["|"] + [f"o{t - OBS0}" for t in tokens[HEADER:]]
+    """P / | / E for the header, o2 for an observation."""
+    return ["P"] * N_PROB + ["|"] + ["E"] * N_PROB + ["|"] + [f"o{t - OBS0}" for t in tokens[HEADER:]]
 
 
 def evidence_masks(tokens, cols):

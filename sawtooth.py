@@ -5,11 +5,11 @@ drawn from the context keys:   k1 v1 k2 v2 ... kL vL q.
 The model predicts v_i at the key k_i and pi(q) at q. Posterior at k_i: one-hot if k_i appeared before
 (its value is known), else uniform over the V - m values the m distinct earlier keys have not taken; at
 q: one-hot. The entropy along one sequence is a sawtooth, and it is not a function of the position.
-The paper's curve (and so the paper metric) covers the L values; the query is scored apart (query_mask).
+The paper's curve (and so the paper metric) covers the n_pairs values; the query is scored apart (query_mask).
 The posterior depends only on the pairs seen, never on how the keys were drawn, so a curriculum that
 draws keys from a smaller alphabet (more repeats) keeps every target exact.
 
-Notation: n sequences, T = 2L + 1 tokens, V keys (= values), L = n_pairs pairs, A an alphabet size.
+Notation: n sequences, T = 2 n_pairs + 1 tokens, V keys (= values), n_pairs pairs, A an alphabet size.
 """
 import numpy as np
 
@@ -88,7 +88,7 @@ def sample(rng, n, s, step=None):
 
 
 def prior_gap_bits(s):
-    """The paper metric of a prior-only predictor over the L values (the query is not in the paper's curve), exact."""
+    """The paper metric of a prior-only predictor over the n_pairs values (the query is not in the paper's curve), exact."""
     return float(np.mean(np.log2(s["V"]) - entropy_curve(s["V"])))
 
 
@@ -100,36 +100,36 @@ def settings_of(cfg):
 # the sampler and the exact posterior
 
 def batch(rng, n, V=20, n_pairs=None, alphabet=None):
-    """n sequences of the sawtooth bijection, T = 2L + 1, with exact posteriors at every key and
+    """n sequences of the sawtooth bijection, T = 2 n_pairs + 1, with exact posteriors at every key and
     at the query. alphabet: draw each sequence's keys from a random subset of that many keys
     (default V: uniform over all keys)."""
-    L = V - 1 if n_pairs is None else n_pairs
+    n_pairs = V - 1 if n_pairs is None else n_pairs
     A = V if alphabet is None else int(alphabet)
     if V < 2:
         raise ValueError(f"V must be >= 2, got {V}")
-    if n < 1 or L < 1:
-        raise ValueError(f"n and n_pairs must be >= 1, got n = {n}, n_pairs = {L}")
+    if n < 1 or n_pairs < 1:
+        raise ValueError(f"n and n_pairs must be >= 1, got n = {n}, n_pairs = {n_pairs}")
     if not 1 <= A <= V:
         raise ValueError(f"alphabet must lie in 1..{V}, got {alphabet}")
     identity = np.tile(np.arange(V), (n, 1))  # (n, V)
     perm = rng.permuted(identity, axis=1)  # (n, V) a fresh bijection per sequence
     subset = rng.permuted(identity, axis=1)[:, :A]  # (n, A) the keys this sequence may use
-    keys = np.take_along_axis(subset, rng.integers(0, A, size=(n, L)), axis=1)  # (n, L) iid from the subset
-    values = np.take_along_axis(perm, keys, axis=1)  # (n, L)
+    keys = np.take_along_axis(subset, rng.integers(0, A, size=(n, n_pairs)), axis=1)  # (n, n_pairs) iid from the subset
+    values = np.take_along_axis(perm, keys, axis=1)  # (n, n_pairs)
     rows = np.arange(n)
-    j = rng.integers(0, L, size=n)  # (n,) which context pair the query repeats
+    j = rng.integers(0, n_pairs, size=n)  # (n,) which context pair the query repeats
     query, answer = keys[rows, j], values[rows, j]
 
-    T = 2 * L + 1
+    T = 2 * n_pairs + 1
     tokens = np.zeros((n, T), dtype=np.int64)
     targets = np.zeros((n, T), dtype=np.int64)
     mask = np.zeros((n, T))
     posterior = np.zeros((n, T, V))
-    at_key = slice(0, 2 * L, 2)
-    tokens[:, at_key], tokens[:, 1:2 * L:2], tokens[:, -1] = keys, values, query  # shared vocabulary
+    at_key = slice(0, 2 * n_pairs, 2)
+    tokens[:, at_key], tokens[:, 1:2 * n_pairs:2], tokens[:, -1] = keys, values, query  # shared vocabulary
     targets[:, at_key], targets[:, -1] = values, answer
     mask[:, at_key], mask[:, -1] = 1.0, 1.0
-    posterior[:, at_key] = bijection.posterior_batch(keys, values, V)  # (n, L, V)
+    posterior[:, at_key] = bijection.posterior_batch(keys, values, V)  # (n, n_pairs, V)
     posterior[:, -1] = np.eye(V)[answer]  # the query key was seen: one-hot
     query_mask = np.zeros((n, T))
     query_mask[:, -1] = 1.0
@@ -150,19 +150,19 @@ def distinct_keys_distribution(V, n):
 
 
 def entropy_curve(V, n_pairs=None):
-    """E[H_Bayes] at the i-th key of the sawtooth, i = 1..L, averaged over sequences: (L,).
+    """E[H_Bayes] at the i-th key of the sawtooth, i = 1..n_pairs, averaged over sequences: (n_pairs,).
     With m distinct earlier keys the key is new with probability (V - m) / V, and then
     H = log2(V - m); a repeated key has H = 0."""
-    L = V - 1 if n_pairs is None else n_pairs
-    if V < 2 or L < 1:
-        raise ValueError(f"need V >= 2 and n_pairs >= 1, got V = {V}, n_pairs = {L}")
+    n_pairs = V - 1 if n_pairs is None else n_pairs
+    if V < 2 or n_pairs < 1:
+        raise ValueError(f"need V >= 2 and n_pairs >= 1, got V = {V}, n_pairs = {n_pairs}")
     m = np.arange(V + 1)
     h_new = np.log2(np.maximum(V - m, 1))  # (V + 1,) entropy with a new key after m distinct keys
-    return np.array([distinct_keys_distribution(V, i - 1) @ ((V - m) / V * h_new) for i in range(1, L + 1)])
+    return np.array([distinct_keys_distribution(V, i - 1) @ ((V - m) / V * h_new) for i in range(1, n_pairs + 1)])
 
 
 # ----------------------------------------------------------------------------
-# what the geometry probes read (manifold.py): cols (P,) are the answer positions (the L keys; the
+# what the geometry probes read (manifold.py): cols (P,) are the answer positions (the n_pairs keys; the
 # query is scored apart), the same in every row
 
 def hypothesis_tokens(cfg):
@@ -186,7 +186,7 @@ swap_query = bijection.swap_query
 
 def row_split(batch, cols):
     """The binary split that could carry an entropy statistic: {"seen key": (n, P) bool}. A key seen before
-    has H_Bayes = 0, a new one H_Bayes = log2(V - m) >= log2(V - L + 1), so within a position this split
+    has H_Bayes = 0, a new one H_Bayes = log2(V - m) >= log2(V - n_pairs + 1), so within a position this split
     alone explains nearly all of H's variance."""
     return {"seen key": bijection.key_seen_before(batch["tokens"], cols)}
 

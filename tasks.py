@@ -15,7 +15,9 @@ A task is one module exposing
 and, where it has them:
     variants(s) -> {label: s'}, VARIANTS  more held-out sets (the HMM's longer lengths), reported under
                                           metrics[VARIANTS] by label
-    the probes' hooks (manifold.py): hypothesis_tokens, token_groups, evidence_masks, token_names, ...
+    what the geometry probes read (manifold.PROBE_HOOKS): hypothesis_tokens, token_groups, token_names,
+                                          evidence_masks, row_split, graded_rows, swap_query (a task
+                                          without them is refused by geometry.py in one line)
 
 Which positions are supervised is each batch's own: mask (and query_mask for answers scored apart), row
 by row. TASKS maps the name a user types (--task) to the module's name. Adding a task is adding its
