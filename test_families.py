@@ -222,10 +222,12 @@ def test_a_new_family_is_one_module_and_one_entry(tmp_path, monkeypatch, capsys)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setitem(models.FAMILIES, "toy", "toy_family")
     out = str(tmp_path / "run")
-    common = ["--model", "toy", "--preset", "quick", "--steps", "6", "--eval-seqs", "8", "--no-geometry", "--quiet",
-              "--out", out]
+    common = ["--model", "toy", "--preset", "quick", "--steps", "6", "--eval-seqs", "8", "--quiet", "--out", out]
     train.main([*common, "--no-baseline", "--stop-after", "3"])
-    train.main([*common, "--no-baseline", "--resume"])
+    capsys.readouterr()
+    train.main([*common, "--no-baseline", "--resume"])                # the probes it lacks: one line, no traceback
+    skipped = [line for line in capsys.readouterr().out.splitlines() if line.startswith("geometry")]
+    assert skipped == ["geometry: skipped: the probes read a transformer's attention, which --model toy does not have"]
     with open(os.path.join(out, "metrics.json")) as f:
         metrics = json.load(f)
     assert metrics["model"] == "toy" and metrics["steps"] == 6

@@ -599,8 +599,13 @@ def token_run(args, sizes, cfg):
     print(summary_table(results, gap))
     if results and getattr(models.module(args.model), "PROBES", False) and not args.no_geometry:
         import geometry                                  # the geometry probes, into runs/<name>/geometry.json
-        geometry.analyze(os.path.join(args.out, "checkpoint.npz"), fig_dir=args.figures)
-        print(f"geometry: {os.path.join(args.out, 'geometry.json')} and {args.figures}/geometry_*.png")
+        import verdicts
+        g = geometry.analyze(os.path.join(args.out, "checkpoint.npz"), fig_dir=args.figures)
+        print(f"geometry: {os.path.join(args.out, 'geometry.json')} and {args.figures}/geometry_*.png; the verdicts "
+              f"(python geometry.py {os.path.join(args.out, 'checkpoint.npz')} prints every number):")
+        print("\n".join("  " + line for line in verdicts.lines(g["verdicts"])))
+    elif results and not args.no_geometry:
+        print(f"geometry: skipped: the probes read a transformer's attention, which --model {args.model} does not have")
     for name, m in results.items():
         extra = f", length generalisation KL {m['length_generalization']}" if "length_generalization" in m else ""
         print(f"{name}: {m['seconds']} s of training{extra}")

@@ -27,9 +27,9 @@ RULES = {
     "manifold": f"supported when PC1 (before the final LayerNorm) holds at least {PC1_SHARE:.0%} of the variance "
                 f"without a dominating position and orders H_Bayes within a position on the graded rows "
                 f"(Spearman >= {WITHIN_RHO:g}); where H_Bayes is a function of the position the claim cannot be "
-                f"told from the position; otherwise, graded entropy is 'readable off PC1' when the best held-out "
-                f"partial R^2 beyond the position (graded rows, any layer) is at least {READOUT_PARTIAL:g}, else not "
-                f"supported.",
+                f"told from the position; otherwise, graded entropy is 'elsewhere, linearly readable' when the "
+                f"best held-out partial R^2 beyond the position (graded rows, any layer) is at least "
+                f"{READOUT_PARTIAL:g}, else not supported.",
     "frame_head": "supported (by KL) when removing one head by its mean at each position costs more KL than a "
                   "uniform guess on the same rows; the head the paper metric names is reported for each way of "
                   "removing it.",
@@ -131,8 +131,8 @@ def manifold(g):
         pc1 = (f"without the dominating position{'s' if len(m['dominant_positions']) > 1 else ''} "
                f"{', '.join(map(str, m['dominant_positions']))} PC1 holds" if m["dominant_positions"] else "PC1 holds")
         verdict = (f"not on PC1 ({pc1} {m['pc1_variance_without_dominant']:.0%}; within a position on the graded "
-                   f"rows Spearman {fmt(within, '.2f')}); graded entropy is "
-                   f"linearly readable off PC1: a held-out readout explains {scores[best]:.0%} of what the position "
+                   f"rows Spearman {fmt(within, '.2f')}); graded entropy lies elsewhere, "
+                   f"linearly readable: a held-out readout explains {scores[best]:.0%} of what the position "
                    f"leaves of H_Bayes ({names[best]})")
         decided = "the dominating position, the graded rows and the held-out readout"
     else:
