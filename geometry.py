@@ -80,6 +80,9 @@ def _analyze(checkpoint_path, fig_dir, n_seqs, seed):
         fp["probe_sequences"] = n_snap
         fp["init_seed"] = meta.get("seed", 0)
 
+    authors = {"key_frame": authors_key_frame(params, cfg, task), "manifold": man["authors"],
+               "frame_head": abl["authors_frame_head"], "frame_precision": fp["authors"] if fp else None}
+
     figures = [plots.plot_key_frame(frame, matrices, cfg, title, fig("key_frame")),
                plots.plot_attention_maps(cache, batch["tokens"][0], token_names(task, cfg, batch["tokens"][0]),
                                          cfg, title, fig("attention_maps")),
@@ -91,8 +94,6 @@ def _analyze(checkpoint_path, fig_dir, n_seqs, seed):
         fp["authors_number"] = AUTHORS_NUMBERS["frame_precision"]
         figures.append(plots.plot_frame_precision(fp, title, fig("frame_precision")))
 
-    authors = {"key_frame": authors_key_frame(params, cfg, task), "manifold": man["authors"],
-               "frame_head": abl["authors_frame_head"], "frame_precision": fp["authors"] if fp else None}
     out = plain({
         "checkpoint": os.path.abspath(checkpoint_path), "task": task, "settings": settings,
         "step": meta.get("step"), "config": cfg.to_dict(), "probe_sequences": n_seqs, "probe_seed": seed,

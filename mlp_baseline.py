@@ -9,7 +9,7 @@ and the position t, nothing else:
     z_t = LNf(h_t) @ W_out + b_out                                     (K,)   logits
 With no context it can learn only the prior p(y | tok_t, t), which in every wind tunnel here is
 uniform (values, states are exchangeable), so its paper metric is the prior's gap
-(windtunnels.prior_gap_bits): 1.107 bits (bijection), 1.849 (sawtooth), 0.42 (HMM).
+(tasks.prior_gap_bits): 1.107 bits (bijection), 1.849 (sawtooth), 0.42 (HMM).
 
 `prefix` (train.py --model prefix-mlp): a stronger baseline. At every position t it sees the
 whole prefix tok_0..tok_t as one-hot rows in slots 0..t of a (T_max, V) grid, zeros in slots
