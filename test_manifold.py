@@ -383,6 +383,24 @@ def test_a_sink_carries_the_entropy_drop_and_evidence_rows_do_not():
     assert mf.sink_stats(half, cols)["sink_mass"] == [pytest.approx(0.6)]
 
 
+def test_the_sharpening_verdict_reads_the_sink_and_the_swap_of_each_layer():
+    """Four layers built by hand, each a different reading of a large entropy drop: a sink alone (all the
+    drop on position 0, the rest flat), alignment beside a sink (the sink carries 60% of the drop, but the
+    other rows are 90% below uniform and follow their query), a fixed preference (sharp, but rows move
+    0.03x when the query changes), and clean alignment. The reductions 90, 95, 80, 85% are not monotone."""
+    layer = lambda red, red_wo, share: dict(entropy_reduction=red, entropy_reduction_without_sink_rows=red_wo,
+                                            sink_row_share=[share], sink_share_of_entropy_drop=share)
+    layers = [layer(0.90, 0.10, 0.90), layer(0.95, 0.90, 0.60), layer(0.80, 0.80, 0.0), layer(0.85, 0.85, 0.0)]
+    swaps = [dict(ratio_mean=r) for r in (0.05, 0.40, 0.03, 0.70)]
+    kinds = [verdicts.layer_kind(l, s) for l, s in zip(layers, swaps)]
+    assert kinds == ["sink", "query-key alignment beside a sink", "fixed preference", "query-key alignment"]
+    v = verdicts.sharpening({"attention": {"layers": layers, "query_swap": {"layers": swaps}, "monotone": False}})
+    assert v["verdict"].startswith("supported in layers 1, 3, but not layer by layer")
+    v = verdicts.sharpening({"attention": {"layers": layers[:1] + layers[2:3], "monotone": True,
+                                           "query_swap": {"layers": [swaps[0], swaps[2]]}}})
+    assert v["verdict"].startswith("not supported")
+
+
 def test_query_swap_tells_a_fixed_preference_from_a_query():
     """Layer 0 of a tiny model: with W_Q = 0 and a large query bias every row scores the keys the same way
     whatever its query, a fixed preference; with a loud W_Q the row follows its query. The swap ratio

@@ -253,6 +253,7 @@ def test_weight_decay_and_threads_are_applied_and_recorded(tmp_path):
     ("bijection", "quick", (32, 2, 2, 60, 32, 3e-3, 0.1, 0.01, None)),
     ("bijection", "default", (64, 3, 2, 3000, 64, 3e-3, 0.1, 0.0, 156_372)),
     ("bijection", "paper", (64, 3, 2, 130_000, 16, 3e-3, 0.0, 0.0, 156_372)),
+    ("sawtooth", "first", (64, 2, 2, 2500, 64, 3e-3, 0.1, 0.0, 105_172)),
     ("sawtooth", "default", (64, 2, 2, 8000, 64, 3e-3, 0.1, 0.0, 105_172)),
     ("sawtooth", "paper", (64, 2, 2, 100_000, 32, 3e-3, 0.0, 0.0, 105_172)),
     ("hmm", "default", (64, 4, 4, 3000, 32, 2e-3, 0.1, 0.01, 213_445)),
