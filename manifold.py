@@ -112,13 +112,14 @@ DEFINITIONS = {
     "split": "the task's binary split of the rows (row_split; the sawtooth: key seen before, H = 0, or new), "
              "Spearman(PC1, split), and within_position_r2_h_by_split: the mean over positions of the R^2 of "
              "H_Bayes on the split alone (in sample).",
-    "readout": f"held-out R^2 of a ridge readout H_Bayes ~ X w + c (ridge {READOUT_RIDGE:g} x the mean eigenvalue of "
-               f"the centred X^T X), {READOUT_FOLDS} folds split by sequence (sequence i in fold i mod "
-               f"{READOUT_FOLDS}); R^2 = 1 - sum (H - H_pred)^2 / sum (H - mean H) over every row, each predicted "
-               "by the fit without its sequence. Per layer: the residual stream entering block 0 (the "
-               "embedding), after each block, and after the final LayerNorm. Beside it, the same readout from "
-               "the position alone (one-hot), from the split alone, and from both; each on all rows and on the "
-               "graded rows.",
+    "readout": f"held-out R^2 of a ridge readout H_Bayes ~ X w + c (X's columns standardised on the training "
+               f"folds; ridge {READOUT_RIDGE:g} x the mean eigenvalue of the standardised X^T X), {READOUT_FOLDS} "
+               f"folds split by sequence (sequence i in fold i mod {READOUT_FOLDS}); R^2 = 1 - sum (H - H_pred)^2 "
+               "/ sum (H - mean H)^2 over every row, each predicted by the fit without its sequence. Per layer: "
+               "the residual stream entering block 0 (the embedding), after each block, and after the final "
+               "LayerNorm. Beside it, the same readout from the position alone (one-hot), from the split alone, "
+               "and from both; each on all rows and on the graded rows. readout_partial_r2: what X adds beyond "
+               "the position, (R^2([X, position]) - R^2(position)) / (1 - R^2(position)), both held out.",
     # --- probe 4
     "logit_lens": "final LayerNorm + unembedding applied to the residual stream before block 0 (embedding) and "
                   "after every block; KL(posterior || lens) in bits.",
