@@ -51,6 +51,7 @@ SINK_MASS = 0.5             # a sink row puts more than half its attention on po
 SWAP_SEQS = 200             # probe sequences of the query swap
 READOUT_FOLDS = 5           # cross-validated readouts: folds split by sequence
 READOUT_RIDGE = 1e-3        # ridge of the readouts, relative to the mean eigenvalue of X^T X
+POSITION_LEAVES = 1e-3      # a partial readout beyond the position needs the position to leave 0.1% of H
 ABLATIONS = ("zero", "position_mean", "mean", "resample")
 PROBE_HOOKS = ("hypothesis_tokens", "token_groups", "token_names", "evidence_masks", "row_split", "graded_rows",
                "swap_query")
@@ -119,7 +120,8 @@ DEFINITIONS = {
                "the residual stream entering block 0 (the embedding), after each block, and after the final "
                "LayerNorm. Beside it, the same readout from the position alone (one-hot), from the split alone, "
                "and from both; each on all rows and on the graded rows. readout_partial_r2: what X adds beyond "
-               "the position, (R^2([X, position]) - R^2(position)) / (1 - R^2(position)), both held out.",
+               "the position, (R^2([X, position]) - R^2(position)) / (1 - R^2(position)), both held out; none "
+               f"where the position leaves less than {POSITION_LEAVES:g} of H's variance.",
     # --- probe 4
     "logit_lens": "final LayerNorm + unembedding applied to the residual stream before block 0 (embedding) and "
                   "after every block; KL(posterior || lens) in bits.",
@@ -348,10 +350,12 @@ def cv_r_squared(X, y, groups, folds=READOUT_FOLDS, ridge=READOUT_RIDGE):
 
 def partial_cv_r_squared(X, y, groups, position):
     """The share of what the position leaves of y that X adds, held out: (R^2([X, position]) - R^2(position))
-    / (1 - R^2(position)), both by cv_r_squared with one-hot positions. None where either is undefined."""
+    / (1 - R^2(position)), both by cv_r_squared with one-hot positions. None where either is undefined, or
+    where the position leaves less than POSITION_LEAVES of y's variance (y is a function of the position:
+    the ratio would divide the ridge's rounding by nearly zero)."""
     P = onehot(position)
     full, base = cv_r_squared(np.c_[X, P], y, groups), cv_r_squared(P, y, groups)
-    if full is None or base is None or base >= 1.0 - 1e-9:
+    if full is None or base is None or 1.0 - base < POSITION_LEAVES:
         return None
     return (full - base) / (1.0 - base)
 

@@ -361,6 +361,11 @@ def test_cross_validated_readout_by_hand():
     y = pos + 3 * x[:, 0]                                              # 3 x, all of which x explains
     assert mf.partial_cv_r_squared(x, y, groups, pos) == pytest.approx(1.0, abs=1e-3)
     assert mf.partial_cv_r_squared(rng.standard_normal((500, 1)), y, groups, pos) < 0.02
+    # y a function of the position (format a's H): the ridge leaves a sliver of the variance, about 1e-5
+    # here, and dividing by it would give any number (format a's default run read -56); none instead
+    y = np.log2(20 - pos)
+    assert 0.0 < 1.0 - mf.cv_r_squared(mf.onehot(pos), y, groups) < mf.POSITION_LEAVES
+    assert mf.partial_cv_r_squared(x, y, groups, pos) is None
 
 
 def test_a_sink_carries_the_entropy_drop_and_evidence_rows_do_not():
