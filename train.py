@@ -399,7 +399,8 @@ def train_model(args, name, cfg, params, opt_state, start, steps, main, bar, cos
         try:
             out = training.train(step, steps, start, args.stop_after, on_step=on_step,
                                  on_interrupt=lambda s: save(ckpt, s), prior_seconds=prior,
-                                 progress=None if bar is None else lambda: bar.update(cost))
+                                 progress=None if bar is None else lambda: bar.update(min(cost, bar.total - bar.n)))
+            # (never past the total: float sums of the costs can overshoot it, and tqdm then drops the percentage)
             if not out["interrupted"]:
                 wall["seconds"] = out["seconds"]
                 save(ckpt, out["step"])
