@@ -1,7 +1,8 @@
 """The geometry of Bayesian attention (Paper I): the probes of a trained wind-tunnel transformer, each a
 function from a model's parameters and activations to numbers, and beside every headline statistic the
 controls that could carry it instead of the claim. geometry.py runs them on a checkpoint; DEFINITIONS
-below is the one place where every probe and control is defined (geometry.json carries it).
+below is the one place where every probe and control is defined (geometry.json carries it). The
+statistics they share (PCA, correlations, held-out readouts, dominance) are in measures.py.
 
 The claims and their probes:
   1. key_frame        stage 1: layer-0 keys of the hypothesis tokens are near-orthogonal
@@ -31,13 +32,12 @@ import os
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # see layers.py: BLAS threads fight Numba's
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
-import math  # noqa: E402
 
 import numpy as np  # noqa: E402
-from scipy.stats import spearmanr  # noqa: E402
 
 import bayesattn as ba  # noqa: E402
 import layers as ly  # noqa: E402
+import measures as ms  # noqa: E402
 import tasks  # noqa: E402
 import windtunnels as wt  # noqa: E402
 from evaluation import answers, calibration as _calibration  # noqa: E402
@@ -46,12 +46,8 @@ PROBE_SEED = 2_000_003      # held-out stream of the probes (training draws defa
 RANDOM_INIT_SEEDS = (101, 102, 103, 104, 105)  # untrained baselines of the key frame and the frame overlap
 GAUSSIAN_DRAWS = 50         # draws of random Gaussian vectors for the key-frame baseline
 AUTHORS_FRAME_RANK = 8      # the snapshot side of the frame overlap: its top 8 directions (the authors' rank)
-DOMINANCE = 5.0             # a position, token or head dominates when its share is > 5x the median share
 SINK_MASS = 0.5             # a sink row puts more than half its attention on position 0
 SWAP_SEQS = 200             # probe sequences of the query swap
-READOUT_FOLDS = 5           # cross-validated readouts: folds split by sequence
-READOUT_RIDGE = 1e-3        # ridge of the readouts, relative to the mean eigenvalue of X^T X
-POSITION_LEAVES = 1e-3      # a partial readout beyond the position needs the position to leave 0.1% of H
 ABLATIONS = ("zero", "position_mean", "mean", "resample")
 PROBE_HOOKS = ("hypothesis_tokens", "token_groups", "token_names", "evidence_masks", "row_split", "graded_rows",
                "swap_query")
@@ -63,7 +59,7 @@ DEFINITIONS = {
                   "answer rows are every supervised position but those scored apart (the sawtooth's final "
                   "query), the same positions in every row.",
     "dominance": f"a position (token, head) dominates a statistic when its value (a mean row norm, a share) is "
-                 f"more than {DOMINANCE:g}x the median over positions (tokens, heads); the statistic is then "
+                 f"more than {ms.DOMINANCE:g}x the median over positions (tokens, heads); the statistic is then "
                  f"also reported without it.",
     # --- stage 1
     "key_frame": "layer 0, per head: key_tok = LN1(wte[tok] + p) @ W_K[:, head] + b_K[head], p = the mean "
@@ -114,14 +110,14 @@ DEFINITIONS = {
              "Spearman(PC1, split), and within_position_r2_h_by_split: the mean over positions of the R^2 of "
              "H_Bayes on the split alone (in sample).",
     "readout": f"held-out R^2 of a ridge readout H_Bayes ~ X w + c (X's columns standardised on the training "
-               f"folds; ridge {READOUT_RIDGE:g} x the mean eigenvalue of the standardised X^T X), {READOUT_FOLDS} "
-               f"folds split by sequence (sequence i in fold i mod {READOUT_FOLDS}); R^2 = 1 - sum (H - H_pred)^2 "
+               f"folds; ridge {ms.READOUT_RIDGE:g} x the mean eigenvalue of the standardised X^T X), {ms.READOUT_FOLDS} "
+               f"folds split by sequence (sequence i in fold i mod {ms.READOUT_FOLDS}); R^2 = 1 - sum (H - H_pred)^2 "
                "/ sum (H - mean H)^2 over every row, each predicted by the fit without its sequence. Per layer: "
                "the residual stream entering block 0 (the embedding), after each block, and after the final "
                "LayerNorm. Beside it, the same readout from the position alone (one-hot), from the split alone, "
                "and from both; each on all rows and on the graded rows. readout_partial_r2: what X adds beyond "
                "the position, (R^2([X, position]) - R^2(position)) / (1 - R^2(position)), both held out; none "
-               f"where the position leaves less than {POSITION_LEAVES:g} of H's variance.",
+               f"where the position leaves less than {ms.POSITION_LEAVES:g} of H's variance.",
     # --- probe 4
     "logit_lens": "final LayerNorm + unembedding applied to the residual stream before block 0 (embedding) and "
                   "after every block; KL(posterior || lens) in bits.",
@@ -238,134 +234,6 @@ def position_table(params, cfg, T):
 
 
 # ----------------------------------------------------------------------------
-# statistics shared by the probes
-
-def cosine_matrix(X):
-    """X (n, d) -> cosine similarities (n, n)."""
-    U = X / np.maximum(np.linalg.norm(X, axis=-1, keepdims=True), 1e-300)
-    return U @ U.T
-
-
-def offdiag(Cm):
-    return Cm[~np.eye(len(Cm), dtype=bool)]
-
-
-def mean_abs_offdiag(Cm):
-    """Mean |C_ij| over i != j of a square matrix."""
-    return float(np.abs(offdiag(Cm)).mean()) if len(Cm) > 1 else 0.0
-
-
-def rms_offdiag(Cm):
-    return float(np.sqrt((offdiag(Cm) ** 2).mean())) if len(Cm) > 1 else 0.0
-
-
-def welch_rms_bound(n, d):
-    """Smallest possible RMS off-diagonal cosine of n unit vectors in R^d:
-    sum_{i != j} cos_ij^2 >= n^2 / d - n (Welch), so rms >= sqrt((n - d) / (d (n - 1))) when n > d."""
-    return math.sqrt(max(0.0, (n - d) / (d * (n - 1)))) if n > 1 else 0.0
-
-
-def participation_ratio(X):
-    """X (n, d) -> (sum lambda)^2 / sum lambda^2 of the eigenvalues of X X^T: the effective number of
-    directions the rows span (0 for X = 0)."""
-    lam = np.linalg.svd(np.asarray(X, np.float64), compute_uv=False) ** 2
-    return float(lam.sum() ** 2 / (lam ** 2).sum()) if lam.sum() > 0 else 0.0
-
-
-def dominant(values, factor=DOMINANCE):
-    """Indices whose value exceeds factor x the median of values (a statistic they would carry)."""
-    values = np.asarray(values, dtype=np.float64)
-    return [int(i) for i in np.flatnonzero(values > factor * np.median(values))] if len(values) > 2 else []
-
-
-def pca(X):
-    """X (N, C) -> scores (N, C'), explained-variance ratios (C',); each axis signed so that its
-    largest loading is positive."""
-    Xc = X - X.mean(0)
-    _, S, Vt = np.linalg.svd(Xc, full_matrices=False)
-    Vt = Vt * np.sign(Vt[np.arange(len(Vt)), np.abs(Vt).argmax(1)])[:, None]
-    var = S ** 2
-    return Xc @ Vt.T, var / max(var.sum(), 1e-300)
-
-
-def constant(a):
-    """True when a varies by less than rounding: every entry equal up to 1e-9 (relative)."""
-    a = np.asarray(a, dtype=np.float64)
-    return len(a) < 2 or np.ptp(a) <= 1e-9 * max(1.0, float(np.abs(a).max()))
-
-
-def spearman(a, b):
-    """Spearman rank correlation; None when either side is constant (up to rounding, see constant())."""
-    if constant(a) or constant(b):
-        return None
-    return float(spearmanr(a, b)[0])
-
-
-def pearson(a, b):
-    """Pearson correlation; None when either side is constant."""
-    if constant(a) or constant(b):
-        return None
-    a, b = np.asarray(a, np.float64) - np.mean(a), np.asarray(b, np.float64) - np.mean(b)
-    return float(a @ b) / math.sqrt(float(a @ a) * float(b @ b))
-
-
-def r_squared(X, y):
-    """R^2 of the least-squares fit y ~ X w + c (in sample, so in [0, 1]); None when y is constant."""
-    if constant(y):
-        return None
-    A = np.c_[X, np.ones(len(X))]
-    w = np.linalg.lstsq(A, y, rcond=None)[0]
-    return 1.0 - float(((y - A @ w) ** 2).sum()) / float(((y - y.mean()) ** 2).sum())
-
-
-def within_groups(stat, a, b, groups):
-    """The mean over groups (positions) of stat(a, b) on each group's rows, over the groups where it is
-    defined (None: H constant there); None if it is defined nowhere."""
-    vals = [stat(a[groups == g], b[groups == g]) for g in np.unique(groups)]
-    vals = [v for v in vals if v is not None]
-    return float(np.mean(vals)) if vals else None
-
-
-def cv_r_squared(X, y, groups, folds=READOUT_FOLDS, ridge=READOUT_RIDGE):
-    """Held-out R^2 of the ridge readout y ~ X w + c (X's columns standardised on the training rows): rows in
-    folds by group (group g in fold g mod folds),
-    each fold predicted by the fit on the others; R^2 = 1 - sum (y - y_pred)^2 / sum (y - mean y)^2 over all
-    rows (below 0 when the readout is worse than the mean). None when y is constant or too few groups."""
-    X, y = np.asarray(X, np.float64).reshape(len(y), -1), np.asarray(y, np.float64)
-    fold = np.asarray(groups) % folds
-    if constant(y) or len(np.unique(fold)) < 2:
-        return None
-    pred = np.empty_like(y)
-    for f in np.unique(fold):
-        test, train = fold == f, fold != f
-        mu, ym = X[train].mean(0), y[train].mean()
-        sd = np.where(X[train].std(0) > 0, X[train].std(0), 1.0)      # (d,) columns standardised on the fold
-        A = (X[train] - mu) / sd                                        # (N_train, d)
-        G = A.T @ A
-        lam = max(ridge * np.trace(G) / max(len(G), 1), 1e-12)
-        w = np.linalg.solve(G + lam * np.eye(len(G)), A.T @ (y[train] - ym))
-        pred[test] = (X[test] - mu) / sd @ w + ym
-    return 1.0 - float(((y - pred) ** 2).sum()) / float(((y - y.mean()) ** 2).sum())
-
-
-def partial_cv_r_squared(X, y, groups, position):
-    """The share of what the position leaves of y that X adds, held out: (R^2([X, position]) - R^2(position))
-    / (1 - R^2(position)), both by cv_r_squared with one-hot positions. None where either is undefined, or
-    where the position leaves less than POSITION_LEAVES of y's variance (y is a function of the position:
-    the ratio would divide the ridge's rounding by nearly zero)."""
-    P = onehot(position)
-    full, base = cv_r_squared(np.c_[X, P], y, groups), cv_r_squared(P, y, groups)
-    if full is None or base is None or 1.0 - base < POSITION_LEAVES:
-        return None
-    return (full - base) / (1.0 - base)
-
-
-def onehot(a):
-    """a (N,) -> (N, number of distinct values) indicator columns."""
-    return (np.asarray(a)[:, None] == np.unique(a)[None, :]).astype(np.float64)
-
-
-# ----------------------------------------------------------------------------
 # probe 1: the orthogonal hypothesis frame (stage 1), per layer-0 head and token type
 RECIPES = ("ln", "ln_centred", "authors", "value_ln")
 
@@ -402,22 +270,22 @@ def frame_vectors(params, cfg, groups, recipe="ln"):
 
 def key_frame(params, cfg, groups, recipe="ln"):
     """-> {group: cosine matrices (NH, n, n)} of the layer-0 vectors of each token type."""
-    return {name: np.stack([cosine_matrix(k) for k in K]) for name, K in frame_vectors(params, cfg, groups, recipe).items()}
+    return {name: np.stack([ms.cosine_matrix(k) for k in K]) for name, K in frame_vectors(params, cfg, groups, recipe).items()}
 
 
 def offset_stats(K):
     """K (NH, n, hs) -> the keys' shared offset against their spread, and their participation ratios (means
-    over heads), and the tokens whose deviation dominates (DOMINANCE) with the mean |cos| without them."""
+    over heads), and the tokens whose deviation dominates (ms.DOMINANCE) with the mean |cos| without them."""
     mean = K.mean(1, keepdims=True)                                  # (NH, 1, hs)
     dev = np.linalg.norm(K - mean, axis=-1)                          # (NH, n)
     out = {"offset_norm": float(np.linalg.norm(mean, axis=-1).mean()), "deviation_norm": float(dev.mean()),
-           "participation_ratio": float(np.mean([participation_ratio(k) for k in K])),
-           "participation_ratio_centred": float(np.mean([participation_ratio(k - k.mean(0)) for k in K]))}
-    dom = dominant(dev.mean(0))
+           "participation_ratio": float(np.mean([ms.participation_ratio(k) for k in K])),
+           "participation_ratio_centred": float(np.mean([ms.participation_ratio(k - k.mean(0)) for k in K]))}
+    dom = ms.dominant(dev.mean(0))
     out["dominant_tokens"] = dom
     if dom:
         keep = np.setdiff1d(np.arange(K.shape[1]), dom)
-        out["mean_abs_offdiag_without_dominant"] = float(np.mean([mean_abs_offdiag(cosine_matrix(k[keep])) for k in K]))
+        out["mean_abs_offdiag_without_dominant"] = float(np.mean([ms.mean_abs_offdiag(ms.cosine_matrix(k[keep])) for k in K]))
     return out
 
 
@@ -426,7 +294,7 @@ def gaussian_baseline(n, d, centred=False, draws=GAUSSIAN_DRAWS, seed=0):
     rng = np.random.default_rng(seed)
     X = rng.standard_normal((draws, n, d))                          # (draws, n, d)
     X = X - X.mean(1, keepdims=True) if centred else X
-    return float(np.mean([mean_abs_offdiag(cosine_matrix(x)) for x in X]))
+    return float(np.mean([ms.mean_abs_offdiag(ms.cosine_matrix(x)) for x in X]))
 
 
 def key_frame_probe(params, cfg, task, tokens):
@@ -441,16 +309,16 @@ def key_frame_probe(params, cfg, task, tokens):
         untrained = [key_frame(p, cfg, groups, recipe) for p in inits]
         out[recipe] = {}
         for name, (toks, _) in groups.items():
-            trained = np.stack([cosine_matrix(k) for k in vectors[name]])
-            per_head = [mean_abs_offdiag(c) for c in trained]
-            per_seed = [float(np.mean([mean_abs_offdiag(c) for c in u[name]])) for u in untrained]
+            trained = np.stack([ms.cosine_matrix(k) for k in vectors[name]])
+            per_head = [ms.mean_abs_offdiag(c) for c in trained]
+            per_seed = [float(np.mean([ms.mean_abs_offdiag(c) for c in u[name]])) for u in untrained]
             out[recipe][name] = {
                 "n_tokens": len(toks), "head_size": hs,
                 "mean_abs_offdiag": float(np.mean(per_head)), "mean_abs_offdiag_per_head": per_head,
-                "rms_offdiag": float(np.mean([rms_offdiag(c) for c in trained])),
+                "rms_offdiag": float(np.mean([ms.rms_offdiag(c) for c in trained])),
                 "random_init_mean_abs_offdiag": float(np.mean(per_seed)), "random_init_per_seed": per_seed,
                 "gaussian_mean_abs_offdiag": gaussian_baseline(len(toks), hs, centred=recipe == "ln_centred"),
-                "welch_rms_lower_bound": welch_rms_bound(len(toks), hs), **offset_stats(vectors[name])}
+                "welch_rms_lower_bound": ms.welch_rms_bound(len(toks), hs), **offset_stats(vectors[name])}
             matrices[(recipe, name)] = trained
     return out, matrices
 
@@ -467,18 +335,18 @@ def authors_key_frame(params, cfg, task):
     toks = task_module(task).hypothesis_tokens(cfg)
     hs = cfg.d_model // cfg.n_heads
     K = authors_keys(params, cfg, toks)
-    per_head = [mean_abs_offdiag(cosine_matrix(k)) for k in K]
-    init = [[mean_abs_offdiag(cosine_matrix(k)) for k in authors_keys(ba.init_params(cfg, s), cfg, toks)]
+    per_head = [ms.mean_abs_offdiag(ms.cosine_matrix(k)) for k in K]
+    init = [[ms.mean_abs_offdiag(ms.cosine_matrix(k)) for k in authors_keys(ba.init_params(cfg, s), cfg, toks)]
             for s in RANDOM_INIT_SEEDS]                              # (seeds, NH)
-    centred = [mean_abs_offdiag(cosine_matrix(k - k.mean(0))) for k in K]
-    init_centred = [[mean_abs_offdiag(cosine_matrix(k - k.mean(0))) for k in authors_keys(ba.init_params(cfg, s), cfg, toks)]
+    centred = [ms.mean_abs_offdiag(ms.cosine_matrix(k - k.mean(0))) for k in K]
+    init_centred = [[ms.mean_abs_offdiag(ms.cosine_matrix(k - k.mean(0))) for k in authors_keys(ba.init_params(cfg, s), cfg, toks)]
                     for s in RANDOM_INIT_SEEDS]
     return {"hypotheses": len(toks), "head_size": hs, "per_head": per_head, "mean": float(np.mean(per_head)),
             "most_orthogonal_head": int(np.argmin(per_head)),
             "random_init_per_head": np.mean(init, 0).tolist(), "random_init_mean": float(np.mean(init)),
             "centred_per_head": centred, "centred_mean": float(np.mean(centred)),
             "random_init_centred_mean": float(np.mean(init_centred)),
-            "welch_rms_lower_bound": welch_rms_bound(len(toks), hs),
+            "welch_rms_lower_bound": ms.welch_rms_bound(len(toks), hs),
             "orthogonality_possible": hs >= len(toks), **offset_stats(K)}
 
 
@@ -530,7 +398,7 @@ def attention_probe(cache, batch, task, cfg):
             layer[f"{name}_mass"] = [float(mass[:, hd][keep].mean()) for hd in range(cfg.n_heads)]
         layer.update(sink_stats(alpha, cols))
         share = layer["head_share_of_entropy_drop"]
-        layer["dominant_heads"] = dominant(share) if share else []
+        layer["dominant_heads"] = ms.dominant(share) if share else []
         out["layers"].append(layer)
     reductions = [l["entropy_reduction"] for l in out["layers"]]
     out["monotone"] = bool(np.all(np.diff(reductions) >= 0))
@@ -580,13 +448,13 @@ def manifold_stats(X, h_bayes, position=None):
     """X (N, C) representations, h_bayes (N,) exact posterior entropy (bits), position (N,) optional.
     -> explained variance of PC1 and PC1+PC2, Spearman(PC1, H), and two controls: Spearman(PC1,
     position) and the mean within-position Spearman(PC1, H) where H varies at a fixed position."""
-    scores, ratio = pca(np.asarray(X, dtype=np.float64))
-    rho = spearman(scores[:, 0], h_bayes)
+    scores, ratio = ms.pca(np.asarray(X, dtype=np.float64))
+    rho = ms.spearman(scores[:, 0], h_bayes)
     out = {"pc1_variance": float(ratio[0]), "pc12_variance": float(ratio[:2].sum()),
            "spearman_pc1_entropy": rho, "abs_spearman_pc1_entropy": None if rho is None else abs(rho)}
     if position is not None:
-        out["spearman_pc1_position"] = spearman(scores[:, 0], position)
-        out["mean_within_position_spearman"] = within_groups(spearman, scores[:, 0], h_bayes, position)
+        out["spearman_pc1_position"] = ms.spearman(scores[:, 0], position)
+        out["mean_within_position_spearman"] = ms.within_groups(ms.spearman, scores[:, 0], h_bayes, position)
     return out, scores[:, :2]
 
 
@@ -599,38 +467,38 @@ def manifold_controls(X, h, pos, seq, split=None, graded=None):
     positions = np.unique(pos)
     norms = np.linalg.norm(X, axis=1)
     per_pos = np.array([norms[pos == p].mean() for p in positions])
-    dom = [int(positions[i]) for i in dominant(per_pos)]
+    dom = [int(positions[i]) for i in ms.dominant(per_pos)]
     keep = ~np.isin(pos, dom)
     out.update(norm_by_position=per_pos.tolist(), dominant_positions=dom,
-               pc1_variance_without_dominant=float(pca(X[keep])[1][0]) if dom else out["pc1_variance"],
-               pc1_variance_unit_rows=float(pca(X / np.maximum(norms, 1e-300)[:, None])[1][0]),
-               readout_r2=cv_r_squared(X, h, seq), readout_partial_r2=partial_cv_r_squared(X, h, seq, pos))
+               pc1_variance_without_dominant=float(ms.pca(X[keep])[1][0]) if dom else out["pc1_variance"],
+               pc1_variance_unit_rows=float(ms.pca(X / np.maximum(norms, 1e-300)[:, None])[1][0]),
+               readout_r2=ms.cv_r_squared(X, h, seq), readout_partial_r2=ms.partial_cv_r_squared(X, h, seq, pos))
     if dom:
         out["without_dominant"] = manifold_stats(X[keep], h[keep], pos[keep])[0]
     if graded is not None:
         out["graded_share"] = float(graded.mean())
-        out["within_position_spearman_graded"] = within_groups(spearman, scores[graded, 0], h[graded], pos[graded])
+        out["within_position_spearman_graded"] = ms.within_groups(ms.spearman, scores[graded, 0], h[graded], pos[graded])
         out["graded_refit"] = manifold_stats(X[graded], h[graded], pos[graded])[0]
-        out["readout_r2_graded"] = cv_r_squared(X[graded], h[graded], seq[graded])
-        out["readout_partial_r2_graded"] = partial_cv_r_squared(X[graded], h[graded], seq[graded], pos[graded])
+        out["readout_r2_graded"] = ms.cv_r_squared(X[graded], h[graded], seq[graded])
+        out["readout_partial_r2_graded"] = ms.partial_cv_r_squared(X[graded], h[graded], seq[graded], pos[graded])
     if split is not None:
-        out["spearman_pc1_split"] = spearman(scores[:, 0], split)
+        out["spearman_pc1_split"] = ms.spearman(scores[:, 0], split)
     return out
 
 
 def readout_baselines(h, pos, seq, split=None, graded=None):
     """The readouts of H_Bayes that need no representation: from the position alone, the split alone and
     both (one-hot position, split and split x position), on all rows and on the graded rows."""
-    P = onehot(pos)
-    out = {"position": cv_r_squared(P, h, seq)}
+    P = ms.onehot(pos)
+    out = {"position": ms.cv_r_squared(P, h, seq)}
     if split is not None:
         s = split.astype(np.float64)[:, None]
-        out["split"] = cv_r_squared(s, h, seq)
-        out["position_and_split"] = cv_r_squared(np.c_[P, s * P], h, seq)
-        out["within_position_r2_h_by_split"] = within_groups(lambda a, b: r_squared(a[:, None], b), split.astype(float),
+        out["split"] = ms.cv_r_squared(s, h, seq)
+        out["position_and_split"] = ms.cv_r_squared(np.c_[P, s * P], h, seq)
+        out["within_position_r2_h_by_split"] = ms.within_groups(lambda a, b: ms.r_squared(a[:, None], b), split.astype(float),
                                                              h, pos)
     if graded is not None:
-        out["position_graded"] = cv_r_squared(P[graded], h[graded], seq[graded])
+        out["position_graded"] = ms.cv_r_squared(P[graded], h[graded], seq[graded])
     return out
 
 
@@ -665,8 +533,8 @@ def manifold_probe(cache, batch, task):
            "authors": authors_manifold(rows(cache["xf"]), h, pos, graded)}
     # the figure: all rows, then the graded rows without the dominating positions (PCA refit on them)
     keep = graded & ~np.isin(pos, out["residual_final"]["dominant_positions"])
-    xy_all = pca(resid_final)[0][:, :2]
-    xy_graded = pca(resid_final[keep])[0][:, :2] if keep.sum() > 2 else np.zeros((0, 2))
+    xy_all = ms.pca(resid_final)[0][:, :2]
+    xy_graded = ms.pca(resid_final[keep])[0][:, :2] if keep.sum() > 2 else np.zeros((0, 2))
     return out, dict(all=(xy_all, h), graded=(xy_graded, h[keep]), dominant=out["residual_final"]["dominant_positions"])
 
 
@@ -676,16 +544,16 @@ def authors_manifold(X, h_bayes, position, graded=None, n_pcs=5):
     R^2 of H on the position alone (1 when H is a function of the position, as in format a) and the
     mean within-position R^2 of the same top-5-PC fit, over positions where H varies; the same on the
     graded rows only."""
-    scores, ratio = pca(np.asarray(X, dtype=np.float64))
+    scores, ratio = ms.pca(np.asarray(X, dtype=np.float64))
     top = scores[:, :n_pcs]
-    r = [pearson(top[:, i], h_bayes) for i in range(top.shape[1])]
+    r = [ms.pearson(top[:, i], h_bayes) for i in range(top.shape[1])]
     best = max(range(len(r)), key=lambda i: -1.0 if r[i] is None else abs(r[i]))
     out = {"pc1_variance": float(ratio[0]), "pearson_pc1_to_pc5": r, "best_pc": best + 1,
-           "best_abs_pearson": None if r[best] is None else abs(r[best]), "r2_top5": r_squared(top, h_bayes),
-           "r2_position_only": r_squared(onehot(position)[:, 1:], h_bayes),
-           "mean_within_position_r2_top5": within_groups(r_squared, top, h_bayes, position)}
+           "best_abs_pearson": None if r[best] is None else abs(r[best]), "r2_top5": ms.r_squared(top, h_bayes),
+           "r2_position_only": ms.r_squared(ms.onehot(position)[:, 1:], h_bayes),
+           "mean_within_position_r2_top5": ms.within_groups(ms.r_squared, top, h_bayes, position)}
     if graded is not None and not graded.all():
-        out["mean_within_position_r2_top5_graded"] = within_groups(r_squared, top[graded], h_bayes[graded],
+        out["mean_within_position_r2_top5_graded"] = ms.within_groups(ms.r_squared, top[graded], h_bayes[graded],
                                                                    position[graded])
     return out
 

@@ -4,6 +4,7 @@ import json
 import os
 
 import manifold as mf  # first: bayesattn, imported by it, pins OpenBLAS to one thread before NumPy loads
+import measures as ms
 import geometry  # noqa: E402
 import bayesattn as ba
 import checkpoints
@@ -47,14 +48,14 @@ def test_orthonormal_keys_have_zero_offdiagonal_cosine():
     groups = {"keys": (np.arange(cfg.n_classes), np.arange(0, 6, 2))}
     cos = mf.key_frame(params, cfg, groups, recipe="authors")["keys"]   # (NH, V, V)
     np.testing.assert_allclose(cos, np.broadcast_to(np.eye(4), cos.shape), atol=1e-9)
-    assert all(mf.mean_abs_offdiag(c) == pytest.approx(0.0, abs=1e-9) for c in cos)
+    assert all(ms.mean_abs_offdiag(c) == pytest.approx(0.0, abs=1e-9) for c in cos)
     assert mf.gaussian_baseline(4, hs) > 0.2                         # random vectors are far from orthogonal
     params["blocks.0.attn.wk"][2, :] = 1.0                           # token 1's key is now 2 (1, 1, 1, 1) per head:
     want = 6 * 0.5 / 12                                              # cos 1/2 with each of the 3 others, 0 elsewhere
     got = mf.authors_key_frame(params, cfg, "sawtooth")              # the same keys by the authors' probe
     assert got["per_head"] == pytest.approx([want, want], rel=1e-6)
     cos = mf.key_frame(params, cfg, groups, recipe="authors")["keys"]
-    assert [mf.mean_abs_offdiag(c) for c in cos] == pytest.approx([want, want], rel=1e-6)
+    assert [ms.mean_abs_offdiag(c) for c in cos] == pytest.approx([want, want], rel=1e-6)
     params["blocks.0.attn.bk"] = np.full(cfg.d_model, 3.0)            # the authors' key has no bias: no change
     assert mf.authors_key_frame(params, cfg, "sawtooth")["per_head"] == pytest.approx([want, want], rel=1e-6)
 
@@ -62,10 +63,10 @@ def test_orthonormal_keys_have_zero_offdiagonal_cosine():
 def test_welch_bound_is_met_by_the_regular_simplex():
     d = 5
     simplex = np.eye(d + 1) - 1.0 / (d + 1)                           # d + 1 unit-norm-able vectors in a d-dim subspace
-    cos = mf.cosine_matrix(simplex)
-    assert mf.rms_offdiag(cos) == pytest.approx(1.0 / d)              # cos = -1/d for every pair
-    assert mf.welch_rms_bound(d + 1, d) == pytest.approx(1.0 / d)
-    assert mf.welch_rms_bound(3, 5) == 0.0                            # n <= d: orthonormal sets exist
+    cos = ms.cosine_matrix(simplex)
+    assert ms.rms_offdiag(cos) == pytest.approx(1.0 / d)              # cos = -1/d for every pair
+    assert ms.welch_rms_bound(d + 1, d) == pytest.approx(1.0 / d)
+    assert ms.welch_rms_bound(3, 5) == 0.0                            # n <= d: orthonormal sets exist
 
 
 def test_centred_recipe_removes_a_shared_key():
@@ -264,7 +265,7 @@ def test_authors_manifold_by_hand_and_positions_where_h_is_constant():
     h[position == 0] = np.log2(20) + 1e-16 * rng.normal(size=100)        # "constant" entropy at position 0
     m = mf.authors_manifold(X, h, position)
     assert m["mean_within_position_r2_top5"] == pytest.approx(1.0)        # position 1 alone: H = 2 t exactly
-    assert mf.r_squared(X[:100], h[:100]) is None and mf.pearson(X[:100, 0], h[:100]) is None
+    assert ms.r_squared(X[:100], h[:100]) is None and ms.pearson(X[:100, 0], h[:100]) is None
 
 
 def test_authors_manifold_when_the_entropy_lies_on_two_pcs():
@@ -353,19 +354,19 @@ def test_cross_validated_readout_by_hand():
     (a readout cannot beat the mean out of sample), where the in-sample R^2 of a fit is always >= 0."""
     rng = np.random.default_rng(2)
     x, groups = rng.standard_normal((500, 1)), np.repeat(np.arange(100), 5)
-    assert mf.cv_r_squared(x, 2 * x[:, 0], groups) == pytest.approx(1.0, abs=1e-4)
+    assert ms.cv_r_squared(x, 2 * x[:, 0], groups) == pytest.approx(1.0, abs=1e-4)
     y = rng.standard_normal(500)
-    assert mf.cv_r_squared(x, y, groups) < 0.01 and mf.r_squared(x, y) >= 0.0
-    assert mf.cv_r_squared(x, np.ones(500), groups) is None
+    assert ms.cv_r_squared(x, y, groups) < 0.01 and ms.r_squared(x, y) >= 0.0
+    assert ms.cv_r_squared(x, np.ones(500), groups) is None
     pos = np.tile(np.arange(5), 100)                                   # y = position + 3 x: the position leaves
     y = pos + 3 * x[:, 0]                                              # 3 x, all of which x explains
-    assert mf.partial_cv_r_squared(x, y, groups, pos) == pytest.approx(1.0, abs=1e-3)
-    assert mf.partial_cv_r_squared(rng.standard_normal((500, 1)), y, groups, pos) < 0.02
+    assert ms.partial_cv_r_squared(x, y, groups, pos) == pytest.approx(1.0, abs=1e-3)
+    assert ms.partial_cv_r_squared(rng.standard_normal((500, 1)), y, groups, pos) < 0.02
     # y a function of the position (format a's H): the ridge leaves a sliver of the variance, about 1e-5
     # here, and dividing by it would give any number (format a's default run read -56); none instead
     y = np.log2(20 - pos)
-    assert 0.0 < 1.0 - mf.cv_r_squared(mf.onehot(pos), y, groups) < mf.POSITION_LEAVES
-    assert mf.partial_cv_r_squared(x, y, groups, pos) is None
+    assert 0.0 < 1.0 - ms.cv_r_squared(ms.onehot(pos), y, groups) < ms.POSITION_LEAVES
+    assert ms.partial_cv_r_squared(x, y, groups, pos) is None
 
 
 def test_a_sink_carries_the_entropy_drop_and_evidence_rows_do_not():
@@ -490,8 +491,8 @@ def test_key_offset_and_participation_ratio_by_hand():
     s = mf.offset_stats(K)
     assert s["offset_norm"] == pytest.approx(np.sqrt(9 + n * (1 / n) ** 2))
     assert s["deviation_norm"] == pytest.approx(np.sqrt(1 - 2 / n + n / n ** 2))
-    assert mf.mean_abs_offdiag(mf.cosine_matrix(K[0])) == pytest.approx(9 / 10)
-    assert mf.participation_ratio(np.eye(n)) == pytest.approx(n)
-    assert mf.participation_ratio(np.outer(np.arange(1, 4), [1.0, 2.0])) == pytest.approx(1.0)
-    assert mf.participation_ratio(np.diag([2.0, 1.0])) == pytest.approx(25 / 17)
-    assert mf.dominant([1, 1, 1, 6]) == [3] and mf.dominant([1, 1, 1, 4]) == []
+    assert ms.mean_abs_offdiag(ms.cosine_matrix(K[0])) == pytest.approx(9 / 10)
+    assert ms.participation_ratio(np.eye(n)) == pytest.approx(n)
+    assert ms.participation_ratio(np.outer(np.arange(1, 4), [1.0, 2.0])) == pytest.approx(1.0)
+    assert ms.participation_ratio(np.diag([2.0, 1.0])) == pytest.approx(25 / 17)
+    assert ms.dominant([1, 1, 1, 6]) == [3] and ms.dominant([1, 1, 1, 4]) == []

@@ -1,0 +1,145 @@
+"""measures: the statistics the geometry probes share, on plain arrays (no model, no task): cosines and
+the Welch bound, the participation ratio, PCA, rank and linear correlations, in-sample and held-out
+R^2 (ridge readouts cross-validated by sequence), and which entries dominate a statistic. manifold.py's
+DEFINITIONS says how each probe uses them; test_manifold.py checks them on cases computed by hand.
+"""
+
+import os
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # see layers.py: BLAS threads fight Numba's
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+
+import math  # noqa: E402
+
+import numpy as np  # noqa: E402
+from scipy.stats import spearmanr  # noqa: E402
+
+DOMINANCE = 5.0             # a position, token or head dominates when its share is > 5x the median share
+READOUT_FOLDS = 5           # cross-validated readouts: folds split by sequence
+READOUT_RIDGE = 1e-3        # ridge of the readouts, relative to the mean eigenvalue of X^T X
+POSITION_LEAVES = 1e-3      # a partial readout beyond the position needs the position to leave 0.1% of H
+
+
+def cosine_matrix(X):
+    """X (n, d) -> cosine similarities (n, n)."""
+    U = X / np.maximum(np.linalg.norm(X, axis=-1, keepdims=True), 1e-300)
+    return U @ U.T
+
+
+def offdiag(Cm):
+    return Cm[~np.eye(len(Cm), dtype=bool)]
+
+
+def mean_abs_offdiag(Cm):
+    """Mean |C_ij| over i != j of a square matrix."""
+    return float(np.abs(offdiag(Cm)).mean()) if len(Cm) > 1 else 0.0
+
+
+def rms_offdiag(Cm):
+    return float(np.sqrt((offdiag(Cm) ** 2).mean())) if len(Cm) > 1 else 0.0
+
+
+def welch_rms_bound(n, d):
+    """Smallest possible RMS off-diagonal cosine of n unit vectors in R^d:
+    sum_{i != j} cos_ij^2 >= n^2 / d - n (Welch), so rms >= sqrt((n - d) / (d (n - 1))) when n > d."""
+    return math.sqrt(max(0.0, (n - d) / (d * (n - 1)))) if n > 1 else 0.0
+
+
+def participation_ratio(X):
+    """X (n, d) -> (sum lambda)^2 / sum lambda^2 of the eigenvalues of X X^T: the effective number of
+    directions the rows span (0 for X = 0)."""
+    lam = np.linalg.svd(np.asarray(X, np.float64), compute_uv=False) ** 2
+    return float(lam.sum() ** 2 / (lam ** 2).sum()) if lam.sum() > 0 else 0.0
+
+
+def dominant(values, factor=DOMINANCE):
+    """Indices whose value exceeds factor x the median of values (a statistic they would carry)."""
+    values = np.asarray(values, dtype=np.float64)
+    return [int(i) for i in np.flatnonzero(values > factor * np.median(values))] if len(values) > 2 else []
+
+
+def pca(X):
+    """X (N, C) -> scores (N, C'), explained-variance ratios (C',); each axis signed so that its
+    largest loading is positive."""
+    Xc = X - X.mean(0)
+    _, S, Vt = np.linalg.svd(Xc, full_matrices=False)
+    Vt = Vt * np.sign(Vt[np.arange(len(Vt)), np.abs(Vt).argmax(1)])[:, None]
+    var = S ** 2
+    return Xc @ Vt.T, var / max(var.sum(), 1e-300)
+
+
+def constant(a):
+    """True when a varies by less than rounding: every entry equal up to 1e-9 (relative)."""
+    a = np.asarray(a, dtype=np.float64)
+    return len(a) < 2 or np.ptp(a) <= 1e-9 * max(1.0, float(np.abs(a).max()))
+
+
+def spearman(a, b):
+    """Spearman rank correlation; None when either side is constant (up to rounding, see constant())."""
+    if constant(a) or constant(b):
+        return None
+    return float(spearmanr(a, b)[0])
+
+
+def pearson(a, b):
+    """Pearson correlation; None when either side is constant."""
+    if constant(a) or constant(b):
+        return None
+    a, b = np.asarray(a, np.float64) - np.mean(a), np.asarray(b, np.float64) - np.mean(b)
+    return float(a @ b) / math.sqrt(float(a @ a) * float(b @ b))
+
+
+def r_squared(X, y):
+    """R^2 of the least-squares fit y ~ X w + c (in sample, so in [0, 1]); None when y is constant."""
+    if constant(y):
+        return None
+    A = np.c_[X, np.ones(len(X))]
+    w = np.linalg.lstsq(A, y, rcond=None)[0]
+    return 1.0 - float(((y - A @ w) ** 2).sum()) / float(((y - y.mean()) ** 2).sum())
+
+
+def within_groups(stat, a, b, groups):
+    """The mean over groups (positions) of stat(a, b) on each group's rows, over the groups where it is
+    defined (None: H constant there); None if it is defined nowhere."""
+    vals = [stat(a[groups == g], b[groups == g]) for g in np.unique(groups)]
+    vals = [v for v in vals if v is not None]
+    return float(np.mean(vals)) if vals else None
+
+
+def cv_r_squared(X, y, groups, folds=READOUT_FOLDS, ridge=READOUT_RIDGE):
+    """Held-out R^2 of the ridge readout y ~ X w + c (X's columns standardised on the training rows): rows in
+    folds by group (group g in fold g mod folds),
+    each fold predicted by the fit on the others; R^2 = 1 - sum (y - y_pred)^2 / sum (y - mean y)^2 over all
+    rows (below 0 when the readout is worse than the mean). None when y is constant or too few groups."""
+    X, y = np.asarray(X, np.float64).reshape(len(y), -1), np.asarray(y, np.float64)
+    fold = np.asarray(groups) % folds
+    if constant(y) or len(np.unique(fold)) < 2:
+        return None
+    pred = np.empty_like(y)
+    for f in np.unique(fold):
+        test, train = fold == f, fold != f
+        mu, ym = X[train].mean(0), y[train].mean()
+        sd = np.where(X[train].std(0) > 0, X[train].std(0), 1.0)      # (d,) columns standardised on the fold
+        A = (X[train] - mu) / sd                                        # (N_train, d)
+        G = A.T @ A
+        lam = max(ridge * np.trace(G) / max(len(G), 1), 1e-12)
+        w = np.linalg.solve(G + lam * np.eye(len(G)), A.T @ (y[train] - ym))
+        pred[test] = (X[test] - mu) / sd @ w + ym
+    return 1.0 - float(((y - pred) ** 2).sum()) / float(((y - y.mean()) ** 2).sum())
+
+
+def partial_cv_r_squared(X, y, groups, position):
+    """The share of what the position leaves of y that X adds, held out: (R^2([X, position]) - R^2(position))
+    / (1 - R^2(position)), both by cv_r_squared with one-hot positions. None where either is undefined, or
+    where the position leaves less than POSITION_LEAVES of y's variance (y is a function of the position:
+    the ratio would divide the ridge's rounding by nearly zero)."""
+    P = onehot(position)
+    full, base = cv_r_squared(np.c_[X, P], y, groups), cv_r_squared(P, y, groups)
+    if full is None or base is None or 1.0 - base < POSITION_LEAVES:
+        return None
+    return (full - base) / (1.0 - base)
+
+
+def onehot(a):
+    """a (N,) -> (N, number of distinct values) indicator columns."""
+    return (np.asarray(a)[:, None] == np.unique(a)[None, :]).astype(np.float64)
