@@ -16,6 +16,8 @@ import zipfile
 import numpy as np
 
 import models
+import runs
+import tasks
 
 
 _UMASK = os.umask(0)
@@ -89,6 +91,9 @@ def load_checkpoint(path):
     """-> (params, cfg, meta, opt_state or None), cfg the Config of the family meta["model"] names. Raises
     ValueError with one clear line if the file is missing, truncated, too large, names no registered model,
     or holds parameters of the wrong names or shapes for its own config."""
+    problem = runs.name_problem(path) or runs.kind_problem(path, want_dir=False)    # a FIFO would hang the read
+    if problem:
+        raise ValueError(f"checkpoint {path!r} is {problem}")
     try:
         with zipfile.ZipFile(path) as z:                # the sizes the archive declares, before reading any
             declared = sum(info.file_size for info in z.infolist())
@@ -105,9 +110,12 @@ def load_checkpoint(path):
         if name is None:
             raise ValueError(f"checkpoint {path!r} does not name its model in its meta (a run writes it; an "
                              f"array file saved otherwise is not a run's checkpoint)")
-        if name not in models.FAMILIES:
+        if not isinstance(name, str) or name not in models.FAMILIES:
             raise ValueError(f"checkpoint {path!r} holds a model {name!r}, which is not registered (known: "
                              f"{', '.join(models.FAMILIES)})")
+        problem = meta_problem(meta)
+        if problem:
+            raise ValueError(f"checkpoint {path!r}: its meta {problem}")
         try:
             cfg = models.config_from_dict(name, fields)
         except (TypeError, ValueError) as e:
@@ -130,7 +138,62 @@ def load_checkpoint(path):
                      "v": {k[len("adam_v:"):]: v for k, v in data.items() if k.startswith("adam_v:")}}
         _check_arrays(path, "AdamW moment", opt_state["m"], shapes)
         _check_arrays(path, "AdamW moment", opt_state["v"], shapes)
+        if not 0 <= opt_state["t"] < 2 ** 62:
+            raise ValueError(f"checkpoint {path!r}: its AdamW step count adam_t {opt_state['t']} is negative")
+    for what, arrays in (("parameter", params), *((("AdamW moment", opt_state["m"]), ("AdamW moment", opt_state["v"]))
+                                                   if opt_state else ())):
+        bad = next((k for k, v in arrays.items() if not np.isfinite(v).all()), None)
+        if bad is not None:
+            raise ValueError(f"checkpoint {path!r}: {what} {bad!r} holds values that are not finite (nan or inf); "
+                             f"such a checkpoint is not read")
     return params, cfg, meta, opt_state
+
+
+# what a run's meta may hold, each checked when the checkpoint is read: key -> (test, what is allowed). The
+# task's own settings are checked by the task's flags (tasks.py: FLAGS); other keys are kept as they are.
+_integer = lambda lo, hi=2 ** 63: lambda v: isinstance(v, int) and not isinstance(v, bool) and lo <= v < hi
+_number = lambda ok: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and ok(v)
+_text = lambda v: v is None or isinstance(v, str)
+META = {
+    "task": (lambda v: isinstance(v, str), "a task's name"),
+    "step": (_integer(0), "an integer >= 0"),
+    "steps": (_integer(1), "a positive integer"),
+    "baseline_steps": (lambda v: v is None or _integer(1)(v), "a positive integer"),
+    "batch": (_integer(1), "a positive integer"),
+    "warmup": (_integer(0), "an integer >= 0"),
+    "threads": (_integer(1), "a positive integer"),
+    "seed": (_integer(0), "an integer in 0..2^63-1"),
+    "eval_seqs": (_integer(1), "a positive integer"),
+    "lr": (_number(lambda v: v > 0), "a finite number > 0"),
+    "lr_floor": (_number(lambda v: 0 <= v <= 1), "a number in [0, 1]"),
+    "weight_decay": (_number(lambda v: 0 <= v < 1), "a number in [0, 1)"),
+    "seconds": (_number(lambda v: v >= 0), "a finite number >= 0"),
+    "soft": (lambda v: isinstance(v, bool), "true or false"),
+    "replacement": (lambda v: isinstance(v, bool), "true or false"),
+    "pos": (_text, "a name"), "init": (_text, "a name"), "dtype": (_text, "a name"),
+}
+
+
+def meta_problem(meta):
+    """What is wrong with a checkpoint's meta (a dict), in a few words naming the key and its value, or None."""
+    for key, (ok, allowed) in META.items():
+        if key in meta and not ok(meta[key]):
+            return f"has {key}={meta[key]!r}; allowed is {allowed}"
+    if "step" in meta and "steps" in meta and meta["step"] > meta["steps"]:
+        return f"has step={meta['step']}, past its steps={meta['steps']}"
+    if meta.get("task") in tasks.TASKS:
+        mod = tasks.task(meta["task"])
+        settings = {**mod.SETTINGS, **{k: meta[k] for k in mod.SETTINGS if k in meta}}
+        for spec in mod.FLAGS.values():
+            key = spec["setting"]
+            if meta.get(key) is not None:
+                value = meta[key]
+                if not isinstance(value, spec["type"]) or isinstance(value, bool):
+                    return f"has {key}={value!r}; allowed is a value of type {spec['type'].__name__}"
+                problem = spec["check"](value, settings)
+                if problem:
+                    return f"has {key}={value!r}: {problem}"
+    return None
 
 
 def _check_arrays(path, what, arrays, shapes):

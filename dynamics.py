@@ -35,6 +35,9 @@ from onehead import (EVAL_SEED, N_CLASSES, D_X, D_K, D_V, INIT_STD, ROUTING, SEE
 
 SGD_LR = 0.01               # the authors' plain SGD (and the base of the EM-like schedule)
 DEEP_LR = 3e-4              # the deep variant's AdamW peak
+OUTPUTS = {"one-head": ("sticky_metrics.json", "sticky_head.npz"),      # what each experiment writes in its
+           "compare-em": ("dynamics.json", "curves.json", "em_vs_sgd.png", "two_timescales.png"),   # directory
+           "deep": ("deep_variant.json",)}
 
 
 # ----------------------------------------------------------------------------

@@ -4,12 +4,16 @@ A run writes, for the model named by --model: checkpoint.npz, metrics.json, log.
 baseline trained after it: <name>.npz, metrics_<name>.json, log_<name>.csv; and geometry.json and
 figures named after the run (<run>_*.png, geometry_<run>_*.png). Nothing else in the directory is
 ever touched. While a run trains it holds the directory's lock, .lock: a second run into the same
-directory is refused while the first is alive.
+directory is refused while the first is alive. Every command that writes into a run directory (train.py's
+runs, --eval-only and Paper II's experiments, geometry.py) takes it through `take`, which checks the name,
+that the directory can be written and whether it already holds a finished run, before anything is written.
 """
 
+import errno
 import json
 import os
 import socket
+import tempfile
 import time
 
 LOCK = ".lock"
@@ -59,6 +63,78 @@ def remove_stale_temporaries(run_dir):
             for name in os.listdir(folder):
                 if name.startswith(".tmp-"):
                     os.remove(os.path.join(folder, name))
+
+
+# ----------------------------------------------------------------------------
+# taking a run directory: its name, whether it can be written, its owner, what it already holds
+
+class Refused(Exception):
+    """A run directory that cannot be taken; the message is one line naming the flag and the value."""
+
+
+def name_problem(path):
+    """What is wrong with a file or directory name a user typed, or None: empty, a control character (a
+    newline would break the printed commands), or bytes that are not UTF-8 (the figure titles show it)."""
+    if path == "":
+        return "an empty name; give a directory or file name"
+    if any(0xDC80 <= ord(c) <= 0xDCFF for c in path):          # undecodable bytes (Python's surrogateescape)
+        return "a name with bytes that are not UTF-8; allowed are UTF-8 names"
+    if not path.isprintable():
+        return "a name with a newline or another control character; allowed are printable names"
+    return None
+
+
+def kind_problem(path, want_dir):
+    """What is wrong with what path is on disk, or None: a symbolic link loop, a dangling link, a file where a
+    directory is wanted (want_dir) or, where a file is wanted, a directory, FIFO, device or socket."""
+    import stat
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "a symbolic link to nothing" if os.path.islink(path) else None
+    except OSError as e:
+        return "a symbolic link loop" if e.errno == errno.ELOOP else f"a path that cannot be read ({e.strerror})"
+    if want_dir:
+        return None if stat.S_ISDIR(mode) else "a file, not a directory"
+    if stat.S_ISDIR(mode):
+        return "a directory, not a file"
+    return None if stat.S_ISREG(mode) else "not a regular file (a FIFO, a device or a socket)"
+
+
+def writable(folder):
+    """Create folder if needed and write a file of a fresh unique name there (removed at once; no file of the
+    user's is ever opened); -> None, or why it cannot be written ("is a file, not a directory", ...)."""
+    problem = name_problem(folder) or kind_problem(folder, want_dir=True)
+    if problem:
+        return f"is {problem}"
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".write-test-")
+        os.close(fd)
+        os.remove(tmp)
+    except OSError as e:
+        return f"cannot be written ({e.strerror})"
+    return None
+
+
+def take(run_dir, flag, what, held=(), keep=False, instead=None):
+    """Take run_dir for a command that writes into it, before it writes anything: its name, that it can be
+    written, its lock (what: the command, for the message a second command sees), and the never-overwrite
+    rule: held (the files of a run of this command already there, see run_files) refuses unless keep
+    (--resume or --overwrite). flag names the value in the message, instead the flag that gives another
+    directory (default flag). -> the lock's path; Refused with one line, the directory as it was (no lock left)."""
+    problem = writable(run_dir)
+    if problem:
+        raise Refused(f"{flag} {run_dir!r} {problem}")
+    try:
+        path = acquire(run_dir, what)
+    except RunDirectoryBusy as e:
+        raise Refused(f"{flag} {e}; wait for it to end, or give another {instead or flag}") from None
+    if held and not keep:
+        release(run_dir)
+        raise Refused(f"{flag} {run_dir!r} already holds a run ({', '.join(held[:3])}{', ...' if len(held) > 3 else ''}): "
+                      f"continue it with --resume, replace it with --overwrite, or give another {instead or flag}")
+    return path
 
 
 # ----------------------------------------------------------------------------
@@ -113,8 +189,7 @@ def acquire(run_dir, what):
                 owner = {"pid": "?", "host": "this machine", "since": "a moment ago", "what": "starting"}
             if owner and (owner.get("pid") == "?" or not lock_is_stale(owner)):
                 raise RunDirectoryBusy(f"{run_dir!r} is in use by another run (process {owner.get('pid')} on "
-                                       f"{owner.get('host')}, since {owner.get('since')}: {owner.get('what')}); "
-                                       f"wait for it to end, or give another --out") from None
+                                       f"{owner.get('host')}, since {owner.get('since')}: {owner.get('what')})") from None
             try:
                 os.remove(path)                                   # stale: take it over
             except FileNotFoundError:

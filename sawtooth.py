@@ -37,10 +37,14 @@ def parse_curriculum(text, V):
 
 
 def check_curriculum(text, s):
+    """What is wrong with a curriculum, or None; where s holds the run's steps, a curriculum that lasts the
+    whole run (the task itself never trained) is wrong too."""
     try:
-        parse_curriculum(text, s["V"])
+        stages = parse_curriculum(text, s["V"])
     except ValueError as e:
         return str(e)
+    if stages and s.get("steps") and stages[-1][0] >= s["steps"]:
+        return f"its last stage ends at step {stages[-1][0]}, not before the run's end (--steps {s['steps']})"
     return None
 
 

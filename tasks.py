@@ -68,6 +68,15 @@ def held_out_sets(name, s, n, seed):
     return sets
 
 
+def held_out_bytes(name, s, n):
+    """About how many bytes the held-out sets of n sequences hold (per set the posterior (n, T, classes) in
+    float64 and three (n, T) arrays, T the longest evaluated length): an estimate to refuse what cannot fit
+    before anything runs, not a measurement."""
+    z = sizes(name, s)
+    n_sets = 1 + len(getattr(task(name), "variants", lambda s: {})(s))
+    return 8 * n * z["eval_len"] * (z["classes"] + 3) * n_sets
+
+
 def _held_out_seed(name, s, seed):
     """The held-out generator's seed: (EVAL_SEED, seed, the HMM's length) as it has always been (the
     bijection and the sawtooth used the default length 20 there, which keeps their held-out sets)."""

@@ -45,6 +45,7 @@ WEIGHT_DECAY = 0.01     # AdamW's decoupled weight decay, unless the preset says
 LR_FLOOR = 0.1          # the cosine ends at lr * lr_floor, unless the preset says otherwise
 N_SNAPSHOTS = 24        # light parameter snapshots at log-spaced steps (the frame-precision probe)
 SAVE_EVERY = 500        # steps between checkpoints
+LOG_HEADER = ["step", "loss_bits", "bayes_loss_bits", "lr", "grad_norm", "seconds"]    # log.csv's columns
 STICKY = "sticky"       # Paper II's chain: continuous inputs, outside tasks.TASKS; its experiments below
 EXPERIMENTS = {"one-head": "SGD on one chain against exact Bayes", "compare-em": "SGD, EM-like and a true M-step, "
                "5 seeds", "deep": "the authors' deep variant, 5 seeds"}
@@ -61,12 +62,13 @@ def fail(msg):
 # Config field it fills), its type, its default, a check (value, args) -> what is wrong or None, where
 # it applies (contexts: a token task's name, or "sticky:<experiment>"; None: everywhere), whether a
 # preset sets it, and whether it is part of a run's identity (checked on --resume; "legacy": the value
-# of a checkpoint written before the flag existed). A model-size flag applies to the families whose
+# of a checkpoint written before the flag existed), and whether it applies with --eval-only (evaluate). A model-size flag applies to the families whose
 # Config has its field. The tasks' own flags (--V, --K, --curriculum) come from their modules.
 
 TOKEN = tuple(tasks.TASKS)
 SOME = [f"{STICKY}:{e}" for e in EXPERIMENTS]
 positive = lambda v, a: None if v >= 1 else "must be a positive integer"
+a_name = lambda v, a: runs.name_problem(v)      # a path: not empty, printable, UTF-8
 FLAGS = [
     dict(flag="--task", type=str, default="bijection", choices=lambda a: [*TOKEN, STICKY],
          help="wind tunnel: " + " | ".join([*TOKEN, STICKY]) + " (Paper II's chain)", run=True),
@@ -103,28 +105,29 @@ FLAGS = [
          help=f"AdamW decoupled weight decay on the matrices (default {WEIGHT_DECAY} unless the preset says otherwise)"),
     dict(flag="--soft", type=bool, where=TOKEN, run=True,
          help="train on the exact posterior (soft targets) instead of sampled labels"),
-    dict(flag="--threads", type=int, preset=True, run=True, legacy="any",
+    dict(flag="--threads", type=int, preset=True, run=True, legacy="any", evaluate=True,
          check=lambda v, a: None if 1 <= v <= numba.config.NUMBA_NUM_THREADS else
          f"must lie in 1..{numba.config.NUMBA_NUM_THREADS} (NUMBA_NUM_THREADS)",
          help="Numba threads (default: all cores, unless the preset says otherwise)"),
     dict(flag="--seed", type=int, default=0, where=(*TOKEN, "sticky:one-head"), run=True,
          check=lambda v, a: None if 0 <= v < 2 ** 63 else "must be an integer in 0..2^63-1",
          help="seed of the initialisation and the data stream (default 0; Paper II's comparisons use five seeds)"),
-    dict(flag="--eval-seqs", type=int, default=EVAL_SEQS, where=TOKEN, run=True, legacy=EVAL_SEQS,
+    dict(flag="--eval-seqs", type=int, default=EVAL_SEQS, where=TOKEN, run=True, legacy=EVAL_SEQS, evaluate=True,
          check=lambda v, a: None if v >= MIN_EVAL_SEQS else f"must be at least {MIN_EVAL_SEQS} (the single-sequence "
          "figure draws four)", help=f"held-out sequences for evaluation (default {EVAL_SEQS})"),
     dict(flag="--stop-after", type=int, check=positive, where=TOKEN, metavar="N",
          help="stop after N steps with a checkpoint, as Ctrl-C would (continue with --resume)"),
-    dict(flag="--out", type=str, help="run directory (default runs/<task>-<model>-<preset>)"),
-    dict(flag="--figures", type=str, where=TOKEN, help="where the figures go (default: the run directory; "
+    dict(flag="--out", type=str, check=a_name, help="run directory (default runs/<task>-<model>-<preset>)"),
+    dict(flag="--figures", type=str, check=a_name, where=TOKEN, evaluate=True, help="where the figures go (default: the run directory; "
          "--figures figures regenerates the ones the documents show)"),
-    dict(flag="--kernels", type=str, default="numba", choices=lambda a: ["numba", "numpy"],
+    dict(flag="--kernels", type=str, default="numba", choices=lambda a: ["numba", "numpy"], evaluate=True,
          help="numba: the fast twins of kernels.py | numpy: the NumPy ops as written (slower; see the README)"),
-    dict(flag="--eval-only", type=str, where=TOKEN, metavar="CHECKPOINT", help="evaluate a checkpoint, no training"),
+    dict(flag="--eval-only", type=str, check=a_name, where=TOKEN, metavar="CHECKPOINT", evaluate=True,
+         help="evaluate a checkpoint, no training (its task, settings and seed from its meta)"),
     dict(flag="--resume", type=bool, where=TOKEN, help="continue the run in --out from its checkpoint (also after "
          "Ctrl-C, SIGTERM or SIGHUP)"),
-    dict(flag="--overwrite", type=bool, where=TOKEN, help="replace the run already in --out (its checkpoint, metrics, "
-         "logs, snapshots and figures) instead of refusing"),
+    dict(flag="--overwrite", type=bool, help="replace the run already in --out (its checkpoint, metrics, logs, "
+         "snapshots and figures; Paper II's: its JSON and figures) instead of refusing"),
     dict(flag="--no-geometry", type=bool, where=TOKEN, help="skip the geometry probes (geometry.py) after training"),
     dict(flag="--compare-em", type=bool, where=(STICKY,), help="sticky: SGD against the EM-like schedule and the true "
          "M-step over 5 seeds"),
@@ -133,9 +136,10 @@ FLAGS = [
     dict(flag="--chain", type=str, default="exact", choices=lambda a: ["exact", "authors"], where=SOME,
          help="sticky: exact (self-transition 0.3, the default) | authors (0.3498, as the authors' script builds it)"),
     dict(flag="--sigma", type=float, default=1.0, where=("sticky:one-head",),
-         check=lambda v, a: None if math.isfinite(v) and v > 0 else "must be a finite number > 0",
+         check=lambda v, a: None if 1e-6 <= v <= 1e6 else "must lie in 1e-06..1e+06 (the likelihoods divide by "
+         "sigma^2; the one-head model trains in float32)",
          help="sticky: the input noise of the one-head run (default 1)"),
-    dict(flag="--quiet", type=bool, where=TOKEN, help="no progress bar"),
+    dict(flag="--quiet", type=bool, where=TOKEN, evaluate=True, help="no progress bar"),
 ]
 
 
@@ -189,6 +193,11 @@ def parse_args(argv=None):
     for flag in ("--task", "--model", "--preset"):                    # what decides what the others mean
         if getattr(args, table[flag]["dest"]) is None:
             setattr(args, table[flag]["dest"], table[flag]["default"])
+    if args.eval_only is not None:                                   # the checkpoint says the rest
+        for flag in sorted(given, key=list(table).index):
+            if not table[flag].get("evaluate"):
+                fail(f"{flag} does not apply to --eval-only (the checkpoint's meta gives its run's task, settings and "
+                     f"seed); with it go {', '.join(f for f, row in table.items() if row.get('evaluate') and f != '--eval-only')}")
     check_value(table["--task"], args)
     if args.compare_em and args.deep:
         fail("--compare-em and --deep are two experiments: run them one at a time")
@@ -217,13 +226,29 @@ def parse_args(argv=None):
     fill_defaults(table, args, preset, where)
     for flag, row in table.items():
         if getattr(args, row["dest"]) is not None and (flag in given or row.get("preset") or row.get("setting")):
-            check_value(row, args)
+            check_value(row, args, related=flag in given)
+    check_relations(args, given)
     args.settings = tasks.settings(args.task, {row["dest"]: getattr(args, row["dest"])
                                                for row in table.values() if row.get("setting")})
     args.eval_seqs_given = "--eval-seqs" in given
     args.given = given
     args.out = args.out or os.path.join("runs", f"{args.task}-{args.model}-{args.preset}")
     return args
+
+
+def check_relations(args, given):
+    """The values that pass their own checks but not together: a baseline flag without a baseline, the model
+    as its own baseline, a warm-up longer than the run, a stop after its last step."""
+    if args.no_baseline and given & {"--baseline", "--baseline-steps"}:
+        fail(f"{min(given & {'--baseline', '--baseline-steps'})} and --no-baseline: there is no baseline to set")
+    if "--baseline" in given and args.baseline == args.model:
+        fail(f"--baseline {args.baseline}: it is the --model itself; give another family, or --no-baseline")
+    if "--warmup" in given and args.warmup > args.steps:
+        fail(f"--warmup {args.warmup}: longer than the run (--steps {args.steps}); allowed are 0..{args.steps}")
+    last = max(args.steps, 0 if args.no_baseline or args.baseline == args.model else args.baseline_steps or 0)
+    if args.stop_after is not None and args.stop_after >= last:
+        fail(f"--stop-after {args.stop_after}: the run ends at step {last} anyway; give a step before it, or leave "
+             f"--stop-after out")
 
 
 def describe(where):
@@ -247,8 +272,9 @@ def fill_defaults(table, args, preset, where):
                 setattr(args, name, default)
 
 
-def check_value(row, args):
-    """One line and exit 2 if the flag's value is not allowed."""
+def check_value(row, args, related=True):
+    """One line and exit 2 if the flag's value is not allowed. A task's setting sees the run's --steps only
+    where the user typed it (related): a preset's curriculum outlasting a short --steps is the preset's."""
     value = getattr(args, row["dest"])
     if value is None or row["type"] is bool:
         return
@@ -257,7 +283,8 @@ def check_value(row, args):
         fail(f"{row['flag']} {shown}: allowed are {', '.join(row['choices'](args))}")
     checks = [row["check"]] if "check" in row else [c for t, c in row.get("checks", {}).items() if t == args.task]
     for check in checks:
-        problem = check(value, vars(args)) if row.get("setting") else check(value, args)
+        problem = check(value, {**vars(args), "steps": args.steps if related else None}) if row.get("setting") \
+            else check(value, args)
         if problem:
             fail(f"{row['flag']} {shown}: {problem}")
 
@@ -356,10 +383,7 @@ def train_model(args, name, cfg, params, opt_state, start, steps, main, bar, cos
     snapshots = set(log_spaced_steps(steps, N_SNAPSHOTS)) if main else set()
     os.makedirs(snap_dir, exist_ok=True)
     log_path = os.path.join(args.out, runs.log_name(name, main))
-    rows = []
-    if start and os.path.exists(log_path):       # keep the rows up to the checkpoint, drop any after it
-        with open(log_path, newline="") as f:
-            rows = [r for r in list(csv.reader(f))[1:] if r and int(r[0]) <= start]
+    rows = args.kept_rows.get(name, []) if start else []     # the rows up to the checkpoint (kept_log_rows)
     prior = float(getattr(args, "prior_seconds", {}).get(name, 0.0)) if start else 0.0
     wall = {"t0": None}
 
@@ -377,7 +401,7 @@ def train_model(args, name, cfg, params, opt_state, start, steps, main, bar, cos
 
     with open(log_path, "w", newline="") as log_file:
         log = csv.writer(log_file)
-        log.writerow(["step", "loss_bits", "bayes_loss_bits", "lr", "grad_norm", "seconds"])
+        log.writerow(LOG_HEADER)
         log.writerows(rows)
         t0 = time.time() - prior
 
@@ -495,38 +519,60 @@ def kernel_switch(which):
 
 
 def writable(flag, folder):
+    problem = runs.writable(folder)
+    if problem:
+        fail(f"{flag} {folder!r} {problem}")
+
+
+def take(args, held=()):
+    """Take the run directory --out for this command (runs.take: its name, writability, lock and the
+    never-overwrite rule), or one line and exit 2."""
+    if args.resume and args.overwrite:
+        fail("--resume and --overwrite: continue the run in --out or replace it, not both")
     try:
-        os.makedirs(folder, exist_ok=True)
-        with open(os.path.join(folder, ".write-test"), "w"):
-            pass
-        os.remove(os.path.join(folder, ".write-test"))
-    except OSError as e:
-        fail(f"{flag} {folder!r} cannot be written ({e.strerror})")
+        runs.take(args.out, "--out", " ".join(["train.py", *args.argv]), held, keep=args.resume or args.overwrite)
+    except runs.Refused as e:
+        fail(str(e))
+
+
+def sized_by(args, flags, fallback):
+    """The flags among those that the user typed, with their values ("--V 5000 --batch 64"), else fallback."""
+    typed = [f"{flag} {getattr(args, flag_table()[flag]['dest'])}" for flag in flags if flag in args.given]
+    return " ".join(typed) or fallback
+
+
+def check_memory(args, name, cfg, sizes, eval_seqs, eval_flags):
+    """Refuse, before anything is deleted, trained or written, a training step (--batch at the longest
+    evaluated length) or a held-out evaluation (eval_seqs sequences: the sets, and the model run over them
+    in chunks) that would not fit in the memory available; the line names the flags the user typed that
+    size it. eval_flags: the flags to name for the evaluation (their values, or what they fall back to)."""
+    have = available_memory_bytes()
+    size_flags = ["--batch", "--width", "--layers", "--heads", "--dtype", *tasks.task(args.task).FLAGS]
+    step = models.step_memory_bytes(name, cfg, args.batch, sizes["eval_len"]) if not args.eval_only else 0
+    evaluation = (6 * tasks.held_out_bytes(args.task, args.settings, eval_seqs)
+                  + models.step_memory_bytes(name, cfg, min(eval_seqs, 256), sizes["eval_len"]))
+    if step > 0.8 * have:
+        fits = max(0, int(args.batch * 0.8 * have / step))
+        fail(f"{sized_by(args, size_flags, f'--preset {args.preset} (--batch {args.batch} --width {args.width} --layers {args.layers})')}: "
+             f"a training step would need about {step / 2**30:.1f} GiB, and {have / 2**30:.1f} GiB are available"
+             + (f" (--batch {fits} would fit)" if fits and "--batch" in args.given else ""))
+    if evaluation > 0.8 * have:
+        fail(f"{eval_flags}: the held-out evaluation of {eval_seqs:,} sequences would need about "
+             f"{evaluation / 2**30:.1f} GiB, and {have / 2**30:.1f} GiB are available")
 
 
 def dispatch(args):
     if args.task == STICKY:
-        writable("--out", args.out)
         return paper_two(args)
     if args.eval_only:
         return eval_only(args)
     args.figures = args.figures or args.out                     # a run's figures stay in its directory
     sizes = tasks.sizes(args.task, args.settings)
     cfg = model_config(args, sizes, args.model)
-    need, have = models.step_memory_bytes(args.model, cfg, args.batch, sizes["eval_len"]), available_memory_bytes()
-    if need > 0.8 * have:                                       # refuse before allocating anything
-        fits = max(0, int(args.batch * 0.8 * have / need))
-        fail(f"--batch {args.batch} --width {args.width} --layers {args.layers}: a training step would need about "
-             f"{need / 2**30:.1f} GiB, and {have / 2**30:.1f} GiB are available"
-             + (f" (--batch {fits} would fit)" if fits else ""))
-    if args.resume and args.overwrite:
-        fail("--resume and --overwrite: continue the run in --out or replace it, not both")
-    for flag, folder in (("--out", args.out), ("--figures", args.figures)):   # fail now, not after training
-        writable(flag, folder)
-    try:
-        runs.acquire(args.out, " ".join(["train.py", *args.argv]))
-    except runs.RunDirectoryBusy as e:
-        fail(f"--out {e}")
+    check_memory(args, args.model, cfg, sizes, args.eval_seqs,   # refuse before allocating anything
+                 sized_by(args, ["--eval-seqs", *tasks.task(args.task).FLAGS], f"--eval-seqs {args.eval_seqs}"))
+    writable("--figures", args.figures)                         # fail now, not after training
+    take(args, runs.run_files(args.out, models.FAMILIES))
     try:
         return token_run(args, sizes, cfg)
     finally:
@@ -535,17 +581,11 @@ def dispatch(args):
 
 def token_run(args, sizes, cfg):
     previous = runs.run_files(args.out, models.FAMILIES)
-    if previous and not (args.resume or args.overwrite):
-        fail(f"--out {args.out!r} already holds a run ({', '.join(previous[:3])}{', ...' if len(previous) > 3 else ''}): "
-             f"continue it with --resume, replace it with --overwrite, or give another --out")
-    runs.remove_stale_temporaries(args.out)                     # a save killed half-way leaves .tmp-* files
-    if args.overwrite:
-        runs.remove_run(args.out, previous)
     run_name = os.path.basename(os.path.normpath(args.out))    # figures are named after the run
     gap = tasks.prior_gap_bits(args.task, args.settings)        # the authors' MLP can reach this at best
 
     # the model (--model), then the baseline capacity-matched to it (unless --no-baseline)
-    args.prior_seconds = {}
+    args.prior_seconds, args.kept_rows = {}, {}
     state = load_for_resume(args, args.model, True, cfg) if args.resume else None
     params = state[0] if state else models.init_params(args.model, cfg, args.seed)
     phases = [(args.model, state[1] if state else cfg, params, *(state[2:] if state else (None, 0)), True, args.steps)]
@@ -565,6 +605,15 @@ def token_run(args, sizes, cfg):
             bparams = bstate[0] if bstate else models.init_params(args.baseline, bcfg, args.seed)
             phases.append((args.baseline, bstate[1] if bstate else bcfg, bparams,
                            *(bstate[2:] if bstate else (None, 0)), False, bsteps))
+    done = {p[0]: os.path.join(args.out, runs.metrics_name(p[0], p[5])) for p in phases
+            if args.resume and p[4] >= p[6] and os.path.exists(os.path.join(args.out, runs.metrics_name(p[0], p[5])))}
+    if len(done) == len(phases):                                # every model finished: nothing to continue
+        fail(f"--resume: the run in --out {args.out!r} is finished (step {phases[0][6]} of {phases[0][6]}; "
+             f"{', '.join(os.path.basename(p) for p in done.values())} written); --overwrite replaces it, "
+             f"--eval-only {os.path.join(args.out, 'checkpoint.npz')} scores it again")
+    runs.remove_stale_temporaries(args.out)                     # a save killed half-way leaves .tmp-* files
+    if args.overwrite:                                          # every check passed: now the old run goes
+        runs.remove_run(args.out, previous)
     sizes_line = ", ".join(f"{models.count_params(p[2]):,} {p[0]} parameters" for p in phases)
     print(f"{args.task}: {sizes_line}; {' then '.join(f'{p[6]} steps' for p in phases)} of batch {args.batch}, "
           f"{'soft posterior' if args.soft else 'sampled'} targets, run dir {args.out}")
@@ -574,6 +623,11 @@ def token_run(args, sizes, cfg):
     results, traces = {}, None
     try:
         for name, mcfg, prm, opt_state, start, main_model, steps in phases:
+            if name in done:                                    # finished before: its metrics stay as written
+                with open(done[name]) as f:
+                    results[name] = json.load(f)
+                traces = traces or (evaluate_run(args, name, prm, mcfg)[1] if main_model else None)
+                continue
             try:
                 prm, step, seconds, interrupted = train_model(args, name, mcfg, prm, opt_state, start, steps,
                                                               main_model, bar, cost[name])
@@ -672,8 +726,52 @@ def load_for_resume(args, name, main, cfg, steps=None):
     if different:
         fail(f"--resume: checkpoint {path!r} holds {', '.join(f'{flags.get(k, k)} {getattr(ckpt_cfg, k)}' for k in shown)}, "
              f"not the {', '.join(f'{flags.get(k, k)} {getattr(cfg, k)}' for k in shown)} asked for")
+    if "step" not in meta:
+        fail(f"--resume: checkpoint {path!r} does not say at which step it was saved")
+    args.kept_rows[name] = kept_log_rows(os.path.join(args.out, runs.log_name(name, main)), meta["step"])
     args.prior_seconds[name] = float(meta.get("seconds", 0.0))
     return params, fit_positions(ckpt_cfg, tasks.sizes(args.task, args.settings)), opt_state, int(meta["step"])
+
+
+def kept_log_rows(path, step):
+    """The rows of a run's log up to the checkpoint's step, read before anything is written: the rows after
+    it are dropped (a run killed mid-row leaves half a line there, which is repaired so). A log damaged at or
+    before that step (a row that is not step,numbers; bytes that are not UTF-8), or that is not a regular
+    file, is refused in one line and left as it is. A missing log starts afresh."""
+    if not os.path.lexists(path):
+        return []
+    problem = runs.kind_problem(path, want_dir=False)
+    if problem:
+        fail(f"--resume: the log {path!r} is {problem}; move it aside to continue with a new log")
+    with open(path, "rb") as f:
+        lines = f.read().splitlines()
+    if not lines or log_row(lines[0]) != LOG_HEADER:
+        fail(f"--resume: the log {path!r} does not start with the header a run writes; move it aside to continue "
+             f"with a new log")
+    rows = []
+    for number, line in enumerate(lines[1:], 2):
+        row = log_row(line)
+        if row is None:
+            fail(f"--resume: the log {path!r} is damaged at line {number} (not a row this run writes), before the "
+                 f"checkpoint's step {step}; move it aside to continue from step {step} with a new log")
+        if row:
+            rows.append(row)
+        if row and int(row[0]) >= step:                 # the rest, past the checkpoint, is dropped unread
+            break
+    return [r for r in rows if int(r[0]) <= step]
+
+
+def log_row(line):
+    """A line of log.csv (bytes) -> its fields, [] for an empty line, None unless it is the header or a row
+    of a step (digits) and numbers."""
+    try:
+        row = next(csv.reader([line.decode("utf-8")]), [])
+        if row == LOG_HEADER or not row:
+            return row
+        [float(x) for x in row[1:]]
+    except (UnicodeDecodeError, ValueError, csv.Error):
+        return None
+    return row if len(row) == len(LOG_HEADER) and row[0].isascii() and row[0].isdigit() else None
 
 
 def eval_only(args):
@@ -703,13 +801,23 @@ def eval_only(args):
         fail(f"--eval-only: checkpoint {args.eval_only!r} has {cfg.vocab_size} tokens and {cfg.n_classes} classes, "
              f"not the {sizes['vocab']} and {sizes['classes']} of task {args.task}")
     cfg = fit_positions(cfg, sizes)
-    metrics, traces = evaluate_run(args, name, params, cfg)
-    metrics = dict(task=args.task, model=name, params=models.count_params(params), **metrics)
-    print(summary_table({name: metrics}, tasks.prior_gap_bits(args.task, args.settings)))
+    check_memory(args, name, cfg, sizes, args.eval_seqs, f"--eval-seqs {args.eval_seqs}" if args.eval_seqs_given else
+                 f"--eval-only {args.eval_only!r} (its run's held-out set, --eval-seqs {args.eval_seqs})")
     run_dir = os.path.dirname(os.path.abspath(args.eval_only))
+    flag = "--figures" if args.figures else "--eval-only"       # the flag the user typed names the folder
     args.figures = args.figures or run_dir
-    writable("--figures", args.figures)
-    paths = draw_figures(args, {name: metrics}, traces, args.figures, os.path.basename(run_dir))
+    try:                                                        # the figures' folder, taken before evaluating
+        runs.take(args.figures, flag if flag == "--figures" else f"--eval-only {args.eval_only!r}: its folder",
+                  " ".join(["train.py", *args.argv]), instead="--figures")
+    except runs.Refused as e:
+        fail(str(e) + ("" if flag == "--figures" or "another --figures" in str(e) else "; give --figures DIR"))
+    try:
+        metrics, traces = evaluate_run(args, name, params, cfg)
+        metrics = dict(task=args.task, model=name, params=models.count_params(params), **metrics)
+        print(summary_table({name: metrics}, tasks.prior_gap_bits(args.task, args.settings)))
+        paths = draw_figures(args, {name: metrics}, traces, args.figures, os.path.basename(run_dir))
+    finally:
+        runs.release(args.figures)
     print("figures: " + ", ".join(paths))
     return metrics
 
@@ -720,6 +828,7 @@ def eval_only(args):
 def paper_two(args):
     import dynamics
     where = context(args).split(":")[1]
+    take(args, [name for name in dynamics.OUTPUTS[where] if os.path.lexists(os.path.join(args.out, name))])
     try:
         if where == "compare-em":                            # SGD vs EM-like vs true M-step, 5 seeds (minutes)
             return dynamics.compare_em(steps=args.steps or 1000, lr=args.lr or dynamics.SGD_LR, out_dir=args.out,
@@ -733,6 +842,8 @@ def paper_two(args):
     except training.Interrupted as e:                        # Ctrl-C, SIGTERM, SIGHUP: nothing half-written
         print(f"\n{e}", file=sys.stderr)
         sys.exit(130)
+    finally:
+        runs.release(args.out)
     print(json.dumps({k: v for k, v in metrics.items() if not isinstance(v, (list, dict))}, indent=1))
     return metrics
 
