@@ -11,9 +11,11 @@ references, and the experiments of Paper II and past it:
 Losses are nats inside the code and bits in every report.
 """
 
+import json
 import math
 import os
 import time
+import zipfile
 
 import layers as ly  # first: it sets OPENBLAS_NUM_THREADS=1 before NumPy loads
 import bayesattn as ba
@@ -36,8 +38,7 @@ from onehead import (EVAL_SEED, N_CLASSES, D_X, D_K, D_V, INIT_STD, ROUTING, SEE
 SGD_LR = 0.01               # the authors' plain SGD (and the base of the EM-like schedule)
 DEEP_LR = 3e-4              # the deep variant's AdamW peak
 OUTPUTS = {"one-head": ("sticky_metrics.json", "sticky_head.npz"),      # what each experiment writes in its
-           "compare-em": ("dynamics.json", "curves.json", "em_vs_sgd.png", "two_timescales.png"),   # directory
-           "deep": ("deep_variant.json",)}
+           "compare-em": ("dynamics.json", "curves.json", "em_vs_sgd.png", "two_timescales.png")}   # directory
 
 
 # ----------------------------------------------------------------------------
@@ -318,39 +319,78 @@ def deep_loss_and_grads(params, x, targets, cfg):
     return loss, g
 
 
-def deep_variant(seeds=SEEDS, steps=1000, lr=DEEP_LR, T=2000, chain="exact", threads=None):
+def deep_variant(seeds=SEEDS, steps=1000, lr=DEEP_LR, T=2000, chain="exact", threads=None, out_dir=None,
+                 stop=None, progress=None):
     """Train on one chain of each seed (full batch), test on a fresh chain (seed + 10000), as the authors.
     training.train_step (AdamW, weight decay 0.01, clipping at 1), cosine from lr to 0; no dropout (the
     authors use 0.1).
+    With out_dir the run keeps its progress there, seed by seed: a finished seed's row (deep_seed<seed>.json),
+    and the seed in progress as a checkpoint (deep_seed<seed>.npz) when it stops at step `stop` (--stop-after)
+    or on Ctrl-C, SIGTERM or SIGHUP (training.Interrupted then, or DeepStopped at `stop`); progress
+    (deep_progress's, read before anything is written) continues from them.
     -> dict with per-seed held-out cross-entropy, exact Bayes on the same chain, the bound, KL, in bits."""
     prev = numba.get_num_threads()
     numba.set_num_threads(threads or prev)
+    identity = dict(steps=steps, lr=lr, T=T, chain=chain)
+    progress = progress or {"rows": {}, "states": {}}
     try:
         P, mu = sticky.task(chain)
         rows = []
         for seed in seeds:
+            if seed in progress["rows"]:                          # finished in an earlier session
+                rows.append(progress["rows"][seed])
+                continue
             t0 = time.perf_counter()
             x, y = sticky.data(seed, T=T, chain=chain)
             x_test, y_test = sticky.data(seed + 10000, T=T, chain=chain)
             cfg, params = deep_init(seed, T)
             opt = optim.adamw_init(params)
+            start, losses, prior = 0, [], 0.0
+            if seed in progress["states"]:                        # stopped in an earlier session: continue
+                params, opt, losses, start, prior = progress["states"][seed]
             model = lambda p, xx, yy, m: deep_loss_and_grads(p, xx, yy, cfg)
-            losses = []
 
             def step(i):
                 loss, norm = training.train_step(model, params, opt, x, y, None, optim.lr_schedule(i, lr, 0, steps),
                                                  0.01)
                 return dict(loss=loss, grad_norm=norm)
+
+            def keep(i):                                          # the seed in progress, to continue from
+                if out_dir:
+                    save_arrays(os.path.join(out_dir, f"deep_seed{seed}.npz"), {
+                        "meta": np.array(json.dumps(dict(identity, seed=seed, step=i,
+                                                         seconds=prior + time.perf_counter() - t0))),
+                        "losses": np.array(losses, dtype=np.float64), "adam_t": np.array(opt["t"]),
+                        **{f"param:{k}": v for k, v in params.items()},
+                        **{f"adam_m:{k}": v for k, v in opt["m"].items()},
+                        **{f"adam_v:{k}": v for k, v in opt["v"].items()}})
             try:
-                finished(training.train(step, steps, on_step=lambda i, r, c: losses.append(r["loss"] / LN2)), steps)
+                result = training.train(step, steps, start, stop, on_step=lambda i, r, c: losses.append(r["loss"] / LN2),
+                                        on_interrupt=keep if out_dir else None)
             except training.TrainingStopped as e:
                 raise training.TrainingStopped(f"deep variant, seed {seed}: {e}") from None
+            if out_dir and result["step"] < steps:
+                keep(result["step"])
+                what = "interrupted" if result["interrupted"] else "stopped (--stop-after)"
+                raise (training.Interrupted if result["interrupted"] else DeepStopped)(
+                    f"deep variant {what} at step {result['step']} of {steps} of seed {seed}: saved in "
+                    f"{os.path.join(out_dir, f'deep_seed{seed}.npz')}; continue with --resume and the same flags")
+            if not out_dir:
+                finished(result, steps)
+            t0 -= prior
             q = ly.softmax.numpy(deep_forward(params, x_test, cfg)[0].astype(np.float64))    # (1, T, K)
             post = sticky.posterior_batch(P, mu, x_test, 1.0)                          # (1, T, K)
             ce = lambda p: float(-np.log2(np.maximum(np.take_along_axis(p, y_test[..., None], -1), wt.TINY)).mean())
             rows.append(dict(seed=seed, train_loss_final_bits=losses[-1], test_loss_bits=ce(q),
                              test_bayes_loss_bits=ce(post), test_kl_bits=float(wt.kl_bits(post, q).mean()),
                              seconds=time.perf_counter() - t0, train_loss_bits=losses))
+            if out_dir:                                           # this seed is done: its row, not its state
+                write_json(os.path.join(out_dir, f"deep_seed{seed}.json"), dict(identity, **rows[-1]))
+                if os.path.exists(os.path.join(out_dir, f"deep_seed{seed}.npz")):
+                    os.remove(os.path.join(out_dir, f"deep_seed{seed}.npz"))
+                if result["interrupted"]:                         # a signal at the seed's last step
+                    raise training.Interrupted(f"deep variant interrupted after seed {seed}, which is saved; "
+                                               f"continue with --resume and the same flags")
             print(f"  deep seed {seed}: train {losses[0]:.4f} -> {losses[-1]:.4f} bits, held-out {ce(q):.4f} "
                   f"(exact Bayes {ce(post):.4f}, KL {rows[-1]['test_kl_bits']:.4f}), {rows[-1]['seconds']:.0f} s",
                   flush=True)
@@ -540,12 +580,78 @@ def default_out_dir(chain="exact", quick=False, what="dynamics"):
     return os.path.join("runs", what + ("-quick" if quick else "") + ("-authors-chain" if chain == "authors" else ""))
 
 
-def run_deep(chain="exact", steps=1000, out_dir=None, seeds=SEEDS, lr=DEEP_LR):
+class DeepStopped(Exception):
+    """The deep variant stopped at --stop-after with its seed in progress saved; the message says where."""
+
+
+def deep_progress(out_dir, seeds=SEEDS, steps=1000, lr=DEEP_LR, T=2000, chain="exact"):
+    """What an earlier session of the deep variant left in out_dir, read and judged before anything is
+    written: {"rows": {seed: row}, "states": {seed: (params, opt_state, losses, step, seconds)}}. ValueError
+    in one line for a file that is not a regular file, cannot be read, or is of another run (other steps,
+    lr, length or chain)."""
+    import runs
+    identity = dict(steps=steps, lr=lr, T=T, chain=chain)
+    out = {"rows": {}, "states": {}}
+    for seed in seeds:
+        for ext in ("json", "npz"):
+            path = os.path.join(out_dir, f"deep_seed{seed}.{ext}")
+            if not os.path.lexists(path):
+                continue
+            problem = runs.kind_problem(path, want_dir=False)
+            if problem:
+                raise ValueError(f"{path!r} is {problem}")
+            try:
+                if ext == "json":
+                    with open(path, encoding="utf-8") as f:
+                        row = json.load(f)
+                    meta = row
+                else:
+                    with np.load(path, allow_pickle=False) as z:
+                        data = {k: z[k] for k in z.files}
+                    meta = json.loads(str(data["meta"]))
+                have = {k: meta[k] for k in identity}
+            except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile, EOFError) as e:
+                raise ValueError(f"{path!r} is damaged or not the deep variant's ({type(e).__name__})") from None
+            if have != identity:
+                k = next(k for k in identity if have[k] != identity[k])
+                raise ValueError(f"{path!r} has {k}={have[k]!r} but this run asks for {identity[k]!r}")
+            if ext == "json" and seed not in out["rows"]:
+                numbers = ("train_loss_final_bits", "test_loss_bits", "test_bayes_loss_bits", "test_kl_bits", "seconds")
+                if not all(isinstance(row.get(k), (int, float)) and math.isfinite(row[k]) for k in numbers):
+                    raise ValueError(f"{path!r} is damaged or not the deep variant's (its numbers)")
+                out["rows"][seed] = {k: v for k, v in row.items() if k not in identity}
+            elif ext == "npz" and seed not in out["rows"]:
+                step = meta.get("step")
+                cfg, params = deep_init(seed, T)
+                try:
+                    got = {k[len("param:"):]: data[k] for k in data if k.startswith("param:")}
+                    m = {k[len("adam_m:"):]: data[k] for k in data if k.startswith("adam_m:")}
+                    v = {k[len("adam_v:"):]: data[k] for k in data if k.startswith("adam_v:")}
+                    ok = (isinstance(step, int) and 0 < step < steps and len(data["losses"]) == step
+                          and all(got[k].shape == p.shape and m[k].shape == p.shape and v[k].shape == p.shape
+                                  and np.isfinite(got[k]).all() for k, p in params.items()) and len(got) == len(params))
+                except KeyError:
+                    ok = False
+                if not ok:
+                    raise ValueError(f"{path!r} is damaged or not the deep variant's (its arrays or step)")
+                out["states"][seed] = (got, {"t": int(data["adam_t"]), "m": m, "v": v}, data["losses"].tolist(),
+                                       step, float(meta.get("seconds", 0.0)))
+    return out
+
+
+def deep_files(out_dir, seeds=SEEDS):
+    """The deep variant's files in out_dir: deep_variant.json and the per-seed progress."""
+    names = ["deep_variant.json", *(f"deep_seed{s}.{e}" for s in seeds for e in ("json", "npz"))]
+    return [n for n in names if os.path.lexists(os.path.join(out_dir, n))]
+
+
+def run_deep(chain="exact", steps=1000, out_dir=None, seeds=SEEDS, lr=DEEP_LR, stop=None, progress=None):
     """The deep variant over the seeds; writes deep_variant.json to out_dir (default
-    runs/deep-variant[-authors-chain]). -> the dict."""
-    out = plain(deep_variant(seeds=seeds, steps=steps, lr=lr, chain=chain))
+    runs/deep-variant[-authors-chain]), keeping its progress there seed by seed (deep_variant). -> the dict."""
     out_dir = out_dir or default_out_dir(chain, what="deep-variant")
     os.makedirs(out_dir, exist_ok=True)
+    out = plain(deep_variant(seeds=seeds, steps=steps, lr=lr, chain=chain, out_dir=out_dir, stop=stop,
+                             progress=progress))
     path = os.path.join(out_dir, "deep_variant.json")
     write_json(path, {**out, "per_seed": [{k: v for k, v in r.items() if k != "train_loss_bits"}
                                           for r in out["per_seed"]]})

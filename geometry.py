@@ -20,6 +20,8 @@ import bayesattn as ba  # noqa: E402
 import formation  # noqa: E402
 import models  # noqa: E402
 import plots  # noqa: E402
+import runs  # noqa: E402
+import tasks  # noqa: E402
 from checkpoints import load_checkpoint, plain, versions, write_json  # noqa: E402
 import verdicts  # noqa: E402
 from manifold import (AUTHORS_DEFINITIONS, AUTHORS_FRAME_RANK, AUTHORS_NUMBERS, DEFINITIONS,  # noqa: E402
@@ -107,6 +109,16 @@ def _analyze(checkpoint_path, fig_dir, n_seqs, seed):
     return out
 
 
+def probe_memory_bytes(cfg, meta, n_seqs):
+    """About how many bytes the probes of n_seqs sequences hold at their peak: the probe set, and the model's
+    forward over all of it at once with its cache (as a training step's, models.step_memory_bytes) twice
+    (the clean run and an ablated one). An estimate to refuse what cannot fit, not a measurement."""
+    task = task_of(cfg, meta)
+    s = probe_settings(task, cfg, meta)
+    T = tasks.sizes(task, s)["max_len"]
+    return 6 * tasks.held_out_bytes(task, s, n_seqs) + 2 * models.step_memory_bytes(meta["model"], cfg, n_seqs, T)
+
+
 def summary(g):
     """A few lines for the terminal: the verdicts, the authors' definitions, then ours."""
     a, lines = g["authors"], ["verdicts (rules and controls in geometry.json, under verdicts):",
@@ -180,6 +192,28 @@ def main(argv=None):
         p.error("give a checkpoint (runs/<name>/checkpoint.npz), or --definitions")
     if args.n_seqs < 2:
         p.error(f"--n-seqs {args.n_seqs}: must be at least 2")
+    if not 0 <= args.seed < 2 ** 63:
+        p.error(f"--seed {args.seed}: must be an integer in 0..2^63-1")
+    for flag, path in (("checkpoint", args.checkpoint), ("--figures", args.figures)):
+        if path is not None and runs.name_problem(path):
+            p.error(f"{flag} {path!r}: {runs.name_problem(path)}")
+    try:                                             # the checkpoint, read and judged before anything is written
+        params, cfg, meta, _ = load_checkpoint(args.checkpoint)
+        need, have = probe_memory_bytes(cfg, meta, args.n_seqs), models.available_memory_bytes()
+    except ValueError as e:
+        p.error(str(e))
+    if need > 0.8 * have:
+        p.error(f"--n-seqs {args.n_seqs}: the probes would need about {need / 2**30:.1f} GiB, and "
+                f"{have / 2**30:.1f} GiB are available")
+    run_dir = os.path.dirname(os.path.abspath(args.checkpoint))
+    problem = args.figures and runs.writable(args.figures)
+    if problem:
+        p.error(f"--figures {args.figures!r} {problem}")
+    try:                                             # its run directory: one owner at a time
+        runs.take(run_dir, f"checkpoint {args.checkpoint!r}: its run directory", "geometry.py " + " ".join(
+            sys.argv[1:] if argv is None else argv), instead="")
+    except runs.Refused as e:
+        p.error(str(e))
     import kernels
     try:
         with kernels.enabled():                      # the fast path (its numbers: the README says how close)
@@ -188,6 +222,8 @@ def main(argv=None):
         p.error(str(e))
     except OSError as e:
         p.error(f"{e.filename or args.figures!r} cannot be written ({e.strerror})")
+    finally:
+        runs.release(run_dir)
     print(summary(g))
     print(f"wrote {os.path.join(os.path.dirname(os.path.abspath(args.checkpoint)), 'geometry.json')} "
           f"and {len(g['figures'])} figures in {os.path.dirname(g['figures'][0])}/")

@@ -28,6 +28,7 @@ Everything below takes the family's name.
 """
 
 import dataclasses
+import os
 import importlib
 
 import numpy as np
@@ -144,6 +145,18 @@ def step_memory_bytes(name, cfg, B, T):
     itemsize = 8 if cfg.dtype == "float64" else 4
     activations = DEFAULT_ACTIVATIONS * B * T * cfg.d_model * cfg.n_layers + 3 * B * T * cfg.n_classes
     return itemsize * (4 * count_params(param_shapes(name, cfg)) + activations)
+
+
+def available_memory_bytes():
+    """MemAvailable of /proc/meminfo (Linux), or the physical memory where that file is missing."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def step_flops(name, cfg, B, T):

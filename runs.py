@@ -117,23 +117,25 @@ def writable(folder):
     return None
 
 
-def take(run_dir, flag, what, held=(), keep=False, instead=None):
+def take(run_dir, flag, what, held=(), keep=False, instead=None, resumable=True):
     """Take run_dir for a command that writes into it, before it writes anything: its name, that it can be
     written, its lock (what: the command, for the message a second command sees), and the never-overwrite
     rule: held (the files of a run of this command already there, see run_files) refuses unless keep
     (--resume or --overwrite). flag names the value in the message, instead the flag that gives another
-    directory (default flag). -> the lock's path; Refused with one line, the directory as it was (no lock left)."""
+    directory (default flag; "": none does); resumable: whether the held run can be continued (--resume). -> the lock's path; Refused with one line, the directory as it was (no lock left)."""
     problem = writable(run_dir)
     if problem:
         raise Refused(f"{flag} {run_dir!r} {problem}")
     try:
         path = acquire(run_dir, what)
     except RunDirectoryBusy as e:
-        raise Refused(f"{flag} {e}; wait for it to end, or give another {instead or flag}") from None
+        raise Refused(f"{flag} {e}; wait for it to end" + (f", or give another {instead or flag}"
+                                                               if instead != "" else "")) from None
     if held and not keep:
         release(run_dir)
         raise Refused(f"{flag} {run_dir!r} already holds a run ({', '.join(held[:3])}{', ...' if len(held) > 3 else ''}): "
-                      f"continue it with --resume, replace it with --overwrite, or give another {instead or flag}")
+                      f"{'continue it with --resume, ' if resumable else ''}replace it with --overwrite, or give "
+                      f"another {instead or flag}")
     return path
 
 

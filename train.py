@@ -115,8 +115,9 @@ FLAGS = [
     dict(flag="--eval-seqs", type=int, default=EVAL_SEQS, where=TOKEN, run=True, legacy=EVAL_SEQS, evaluate=True,
          check=lambda v, a: None if v >= MIN_EVAL_SEQS else f"must be at least {MIN_EVAL_SEQS} (the single-sequence "
          "figure draws four)", help=f"held-out sequences for evaluation (default {EVAL_SEQS})"),
-    dict(flag="--stop-after", type=int, check=positive, where=TOKEN, metavar="N",
-         help="stop after N steps with a checkpoint, as Ctrl-C would (continue with --resume)"),
+    dict(flag="--stop-after", type=int, check=positive, where=(*TOKEN, "sticky:deep"), metavar="N",
+         help="stop after N steps with a checkpoint, as Ctrl-C would (continue with --resume); sticky --deep: the "
+              "seed in progress stops at its step N"),
     dict(flag="--out", type=str, check=a_name, help="run directory (default runs/<task>-<model>-<preset>)"),
     dict(flag="--figures", type=str, check=a_name, where=TOKEN, evaluate=True, help="where the figures go (default: the run directory; "
          "--figures figures regenerates the ones the documents show)"),
@@ -124,8 +125,9 @@ FLAGS = [
          help="numba: the fast twins of kernels.py | numpy: the NumPy ops as written (slower; see the README)"),
     dict(flag="--eval-only", type=str, check=a_name, where=TOKEN, metavar="CHECKPOINT", evaluate=True,
          help="evaluate a checkpoint, no training (its task, settings and seed from its meta)"),
-    dict(flag="--resume", type=bool, where=TOKEN, help="continue the run in --out from its checkpoint (also after "
-         "Ctrl-C, SIGTERM or SIGHUP)"),
+    dict(flag="--resume", type=bool, where=(*TOKEN, "sticky:deep"), help="continue the run in --out from its "
+         "checkpoint (also after Ctrl-C, SIGTERM or SIGHUP; sticky --deep: from its finished seeds and the one in "
+         "progress)"),
     dict(flag="--overwrite", type=bool, help="replace the run already in --out (its checkpoint, metrics, logs, "
          "snapshots and figures; Paper II's: its JSON and figures) instead of refusing"),
     dict(flag="--no-geometry", type=bool, where=TOKEN, help="skip the geometry probes (geometry.py) after training"),
@@ -210,6 +212,7 @@ def parse_args(argv=None):
         fill_defaults(table, args, {}, where)
         for flag in given:
             check_value(table[flag], args)
+        check_relations(args, given)
         args.out = args.out or os.path.join("runs", {"one-head": "sticky-one-head", "compare-em": "dynamics",
                                                      "deep": "deep-variant"}[where.split(":")[1]]
                                             + ("-quick" if args.preset == "quick" else "")
@@ -239,6 +242,11 @@ def parse_args(argv=None):
 def check_relations(args, given):
     """The values that pass their own checks but not together: a baseline flag without a baseline, the model
     as its own baseline, a warm-up longer than the run, a stop after its last step."""
+    if args.task == STICKY:                                           # Paper II's: the deep variant's stop
+        if args.stop_after is not None and args.stop_after >= (args.steps or 1000):
+            fail(f"--stop-after {args.stop_after}: each seed ends at step {args.steps or 1000} anyway; give a step "
+                 f"before it, or leave --stop-after out")
+        return
     if args.no_baseline and given & {"--baseline", "--baseline-steps"}:
         fail(f"{min(given & {'--baseline', '--baseline-steps'})} and --no-baseline: there is no baseline to set")
     if "--baseline" in given and args.baseline == args.model:
@@ -524,13 +532,14 @@ def writable(flag, folder):
         fail(f"{flag} {folder!r} {problem}")
 
 
-def take(args, held=()):
+def take(args, held=(), resumable=True):
     """Take the run directory --out for this command (runs.take: its name, writability, lock and the
     never-overwrite rule), or one line and exit 2."""
     if args.resume and args.overwrite:
         fail("--resume and --overwrite: continue the run in --out or replace it, not both")
     try:
-        runs.take(args.out, "--out", " ".join(["train.py", *args.argv]), held, keep=args.resume or args.overwrite)
+        runs.take(args.out, "--out", " ".join(["train.py", *args.argv]), held, keep=args.resume or args.overwrite,
+                  resumable=resumable)
     except runs.Refused as e:
         fail(str(e))
 
@@ -546,7 +555,7 @@ def check_memory(args, name, cfg, sizes, eval_seqs, eval_flags):
     evaluated length) or a held-out evaluation (eval_seqs sequences: the sets, and the model run over them
     in chunks) that would not fit in the memory available; the line names the flags the user typed that
     size it. eval_flags: the flags to name for the evaluation (their values, or what they fall back to)."""
-    have = available_memory_bytes()
+    have = models.available_memory_bytes()
     size_flags = ["--batch", "--width", "--layers", "--heads", "--dtype", *tasks.task(args.task).FLAGS]
     step = models.step_memory_bytes(name, cfg, args.batch, sizes["eval_len"]) if not args.eval_only else 0
     evaluation = (6 * tasks.held_out_bytes(args.task, args.settings, eval_seqs)
@@ -571,7 +580,8 @@ def dispatch(args):
     cfg = model_config(args, sizes, args.model)
     check_memory(args, args.model, cfg, sizes, args.eval_seqs,   # refuse before allocating anything
                  sized_by(args, ["--eval-seqs", *tasks.task(args.task).FLAGS], f"--eval-seqs {args.eval_seqs}"))
-    writable("--figures", args.figures)                         # fail now, not after training
+    if "--figures" in args.given:                               # fail now, not after training
+        writable("--figures", args.figures)
     take(args, runs.run_files(args.out, models.FAMILIES))
     try:
         return token_run(args, sizes, cfg)
@@ -675,18 +685,6 @@ def progress_bar(total, desc):
     return tqdm(total=total, desc=desc, dynamic_ncols=True, mininterval=1.0,
                 bar_format="{desc}: {percentage:3.0f}% |{bar}| {elapsed} so far, about {remaining} left for the "
                            "training of the whole command{postfix}")
-
-
-def available_memory_bytes():
-    """MemAvailable of /proc/meminfo (Linux), or the physical memory where that file is missing."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def load_for_resume(args, name, main, cfg, steps=None):
@@ -828,13 +826,14 @@ def eval_only(args):
 def paper_two(args):
     import dynamics
     where = context(args).split(":")[1]
-    take(args, [name for name in dynamics.OUTPUTS[where] if os.path.lexists(os.path.join(args.out, name))])
+    if where == "deep":
+        return deep(args, dynamics)
+    take(args, [name for name in dynamics.OUTPUTS[where] if os.path.lexists(os.path.join(args.out, name))],
+         resumable=False)
     try:
         if where == "compare-em":                            # SGD vs EM-like vs true M-step, 5 seeds (minutes)
             return dynamics.compare_em(steps=args.steps or 1000, lr=args.lr or dynamics.SGD_LR, out_dir=args.out,
                                        quick=args.preset == "quick", chain=args.chain)
-        if where == "deep":                                  # the authors' deep variant, 5 seeds (an hour)
-            return dynamics.run_deep(args.chain, args.steps or 1000, args.out, lr=args.lr or dynamics.DEEP_LR)
         metrics = dynamics.run_sticky(steps=args.steps or 1000, seed=args.seed, lr=args.lr or dynamics.SGD_LR,
                                       sigma=args.sigma, out_dir=args.out, chain=args.chain)
     except training.TrainingStopped as e:                    # a loss that turned non-finite
@@ -846,6 +845,37 @@ def paper_two(args):
         runs.release(args.out)
     print(json.dumps({k: v for k, v in metrics.items() if not isinstance(v, (list, dict))}, indent=1))
     return metrics
+
+
+def deep(args, dynamics):
+    """The authors' deep variant, 5 seeds (an hour): like a token run, it keeps its progress in --out (each
+    finished seed, and the one in progress at --stop-after or a stop signal), continues it with --resume,
+    and a finished one is replaced only with --overwrite."""
+    steps, lr = args.steps or 1000, args.lr or dynamics.DEEP_LR
+    held = dynamics.deep_files(args.out) if os.path.isdir(args.out) else []
+    if args.resume and "deep_variant.json" in held:
+        fail(f"--resume: the deep variant in --out {args.out!r} is finished (deep_variant.json written); "
+             f"--overwrite replaces it")
+    if args.resume and not held:
+        fail(f"--resume: --out {args.out!r} holds no deep-variant run to continue")
+    take(args, held)
+    try:
+        try:
+            progress = dynamics.deep_progress(args.out, steps=steps, lr=lr, chain=args.chain) if args.resume else None
+        except ValueError as e:
+            fail(f"--resume: {e}")
+        if args.overwrite:                                      # every check passed: now the old run goes
+            runs.remove_run(args.out, held)
+        return dynamics.run_deep(args.chain, steps, args.out, lr=lr, stop=args.stop_after, progress=progress)
+    except training.TrainingStopped as e:                        # a loss that turned non-finite
+        fail(str(e))
+    except dynamics.DeepStopped as e:                            # saved at --stop-after: --resume continues
+        print(e)
+    except training.Interrupted as e:                            # saved at a stop signal: --resume continues
+        print(f"\n{e}", file=sys.stderr)
+        sys.exit(130)
+    finally:
+        runs.release(args.out)
 
 
 if __name__ == "__main__":

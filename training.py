@@ -69,7 +69,8 @@ def train(step, steps, start=0, stop=None, on_step=None, on_interrupt=None, prog
     try:
         for i in range(start, stop):
             c0 = time.perf_counter()
-            record = step(i)
+            with np.errstate(over="ignore", invalid="ignore"):     # an overflow is reported once, below
+                record = step(i)
             compute += time.perf_counter() - c0
             loss, norm = record["loss"], record.get("grad_norm", 0.0)
             if not (math.isfinite(loss) and math.isfinite(norm)):
