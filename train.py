@@ -138,8 +138,9 @@ FLAGS = [
     dict(flag="--chain", type=str, default="exact", choices=lambda a: ["exact", "authors"], where=SOME,
          help="sticky: exact (self-transition 0.3, the default) | authors (0.3498, as the authors' script builds it)"),
     dict(flag="--sigma", type=float, default=1.0, where=("sticky:one-head",),
-         check=lambda v, a: None if 1e-6 <= v <= 1e6 else "must lie in 1e-06..1e+06 (the likelihoods divide by "
-         "sigma^2; the one-head model trains in float32)",
+         check=lambda v, a: "must be a finite number > 0" if not (math.isfinite(v) and v > 0) else None
+         if 1e-6 <= v <= 1e6 else "must lie in 1e-06..1e+06 (the likelihoods divide by sigma^2; the one-head model "
+         "trains in float32)",
          help="sticky: the input noise of the one-head run (default 1)"),
     dict(flag="--quiet", type=bool, where=TOKEN, evaluate=True, help="no progress bar"),
 ]
@@ -864,6 +865,10 @@ def deep(args, dynamics):
             progress = dynamics.deep_progress(args.out, steps=steps, lr=lr, chain=args.chain) if args.resume else None
         except ValueError as e:
             fail(f"--resume: {e}")
+        at = max((state[3] for state in (progress or {"states": {}})["states"].values()), default=0)
+        if args.stop_after is not None and args.stop_after <= at:
+            fail(f"--stop-after {args.stop_after}: the seed in progress is already at step {at}; give a later step, or "
+                 f"leave --stop-after out to finish the run")
         if args.overwrite:                                      # every check passed: now the old run goes
             runs.remove_run(args.out, held)
         return dynamics.run_deep(args.chain, steps, args.out, lr=lr, stop=args.stop_after, progress=progress)
