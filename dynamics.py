@@ -365,8 +365,8 @@ def deep_variant(seeds=SEEDS, steps=1000, lr=DEEP_LR, T=2000, chain="exact", thr
                         **{f"adam_m:{k}": v for k, v in opt["m"].items()},
                         **{f"adam_v:{k}": v for k, v in opt["v"].items()}})
             try:
-                result = training.train(step, steps, start, stop, on_step=lambda i, r, c: losses.append(r["loss"] / LN2),
-                                        on_interrupt=keep if out_dir else None)
+                result = training.train(step, steps, start, stop, on_interrupt=keep if out_dir else None,
+                                        on_step=lambda i, r, c: losses.append(r["loss"] / LN2))
             except training.TrainingStopped as e:
                 raise training.TrainingStopped(f"deep variant, seed {seed}: {e}") from None
             if out_dir and result["step"] < steps:

@@ -121,8 +121,9 @@ def take(run_dir, flag, what, held=(), keep=False, instead=None, resumable=True)
     """Take run_dir for a command that writes into it, before it writes anything: its name, that it can be
     written, its lock (what: the command, for the message a second command sees), and the never-overwrite
     rule: held (the files of a run of this command already there, see run_files) refuses unless keep
-    (--resume or --overwrite). flag names the value in the message, instead the flag that gives another
-    directory (default flag; "": none does); resumable: whether the held run can be continued (--resume). -> the lock's path; Refused with one line, the directory as it was (no lock left)."""
+    (--resume or --overwrite). flag names the value in the message; instead, the flag that gives another
+    directory (default flag; "": none does); resumable: whether the held run can be continued (--resume).
+    -> the lock's path; Refused with one line, the directory as it was (no lock left)."""
     problem = writable(run_dir)
     if problem:
         raise Refused(f"{flag} {run_dir!r} {problem}")

@@ -214,7 +214,7 @@ CASES = [
     (8, "stopped", replace("log.csv", "dir"), "train", [*SAME, "--resume", "--out", "{run}"], "is a directory, not a file"),
     # 9. log.csv on --resume: a damaged log refused in one line, untouched
     (9, "stopped", edit_log(2, b"1.0,4.3,3.2,3.000e-04,0.37,1.9"), "train", [*SAME, "--resume", "--out", "{run}"],
-     "the log '{run}/log.csv' is damaged at line 2 (not a row this run writes), before the checkpoint's step 2"),
+     "the log '{run}/log.csv' is damaged at line 2 (not a row this run writes), at or before the checkpoint's step 2"),
     (9, "stopped", edit_log(3, b"hello,world"), "train", [*SAME, "--resume", "--out", "{run}"], "is damaged at line 3"),
     (9, "stopped", edit_log(2, b"1,4.3,\xff\xfe,3.000e-04,0.37,1.9"), "train", [*SAME, "--resume", "--out", "{run}"],
      "is damaged at line 2"),

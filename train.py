@@ -62,8 +62,9 @@ def fail(msg):
 # Config field it fills), its type, its default, a check (value, args) -> what is wrong or None, where
 # it applies (contexts: a token task's name, or "sticky:<experiment>"; None: everywhere), whether a
 # preset sets it, and whether it is part of a run's identity (checked on --resume; "legacy": the value
-# of a checkpoint written before the flag existed), and whether it applies with --eval-only (evaluate). A model-size flag applies to the families whose
-# Config has its field. The tasks' own flags (--V, --K, --curriculum) come from their modules.
+# of a checkpoint written before the flag existed), and whether it applies with --eval-only (evaluate).
+# A model-size flag applies to the families whose Config has its field. The tasks' own flags (--V, --K,
+# --curriculum) come from their modules.
 
 TOKEN = tuple(tasks.TASKS)
 SOME = [f"{STICKY}:{e}" for e in EXPERIMENTS]
@@ -119,8 +120,8 @@ FLAGS = [
          help="stop after N steps with a checkpoint, as Ctrl-C would (continue with --resume); sticky --deep: the "
               "seed in progress stops at its step N"),
     dict(flag="--out", type=str, check=a_name, help="run directory (default runs/<task>-<model>-<preset>)"),
-    dict(flag="--figures", type=str, check=a_name, where=TOKEN, evaluate=True, help="where the figures go (default: the run directory; "
-         "--figures figures regenerates the ones the documents show)"),
+    dict(flag="--figures", type=str, check=a_name, where=TOKEN, evaluate=True, help="where the figures go (default: "
+         "the run directory; --figures figures regenerates the ones the documents show)"),
     dict(flag="--kernels", type=str, default="numba", choices=lambda a: ["numba", "numpy"], evaluate=True,
          help="numba: the fast twins of kernels.py | numpy: the NumPy ops as written (slower; see the README)"),
     dict(flag="--eval-only", type=str, check=a_name, where=TOKEN, metavar="CHECKPOINT", evaluate=True,
@@ -197,10 +198,11 @@ def parse_args(argv=None):
         if getattr(args, table[flag]["dest"]) is None:
             setattr(args, table[flag]["dest"], table[flag]["default"])
     if args.eval_only is not None:                                   # the checkpoint says the rest
+        with_it = [f for f, row in table.items() if row.get("evaluate") and f != "--eval-only"]
         for flag in sorted(given, key=list(table).index):
             if not table[flag].get("evaluate"):
                 fail(f"{flag} does not apply to --eval-only (the checkpoint's meta gives its run's task, settings and "
-                     f"seed); with it go {', '.join(f for f, row in table.items() if row.get('evaluate') and f != '--eval-only')}")
+                     f"seed); with it go {', '.join(with_it)}")
     check_value(table["--task"], args)
     if args.compare_em and args.deep:
         fail("--compare-em and --deep are two experiments: run them one at a time")
@@ -563,8 +565,9 @@ def check_memory(args, name, cfg, sizes, eval_seqs, eval_flags):
                   + models.step_memory_bytes(name, cfg, min(eval_seqs, 256), sizes["eval_len"]))
     if step > 0.8 * have:
         fits = max(0, int(args.batch * 0.8 * have / step))
-        fail(f"{sized_by(args, size_flags, f'--preset {args.preset} (--batch {args.batch} --width {args.width} --layers {args.layers})')}: "
-             f"a training step would need about {step / 2**30:.1f} GiB, and {have / 2**30:.1f} GiB are available"
+        preset = f"--preset {args.preset} (--batch {args.batch} --width {args.width} --layers {args.layers})"
+        fail(f"{sized_by(args, size_flags, preset)}: a training step would need about {step / 2**30:.1f} GiB, and "
+             f"{have / 2**30:.1f} GiB are available"
              + (f" (--batch {fits} would fit)" if fits and "--batch" in args.given else ""))
     if evaluation > 0.8 * have:
         fail(f"{eval_flags}: the held-out evaluation of {eval_seqs:,} sequences would need about "
@@ -751,8 +754,8 @@ def kept_log_rows(path, step):
     for number, line in enumerate(lines[1:], 2):
         row = log_row(line)
         if row is None:
-            fail(f"--resume: the log {path!r} is damaged at line {number} (not a row this run writes), before the "
-                 f"checkpoint's step {step}; move it aside to continue from step {step} with a new log")
+            fail(f"--resume: the log {path!r} is damaged at line {number} (not a row this run writes), at or before "
+                 f"the checkpoint's step {step}; move it aside to continue from step {step} with a new log")
         if row:
             rows.append(row)
         if row and int(row[0]) >= step:                 # the rest, past the checkpoint, is dropped unread
