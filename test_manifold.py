@@ -393,6 +393,15 @@ def test_a_sink_carries_the_entropy_drop_and_evidence_rows_do_not():
     half[:, :, 0] = np.eye(T)[0]                                       # 0.6 on the sink, the rest spread
     assert mf.sink_stats(half, cols)["sink_row_share"] == [1.0]       # more than half: a sink row
     assert mf.sink_stats(half, cols)["sink_mass"] == [pytest.approx(0.6)]
+    # two sequences, rows t = 1, 2 (H_uniform 1 and log2 3): one sharp (H = 0), one uniform. Per sequence the drop
+    # is (1 + log2 3, 0) of (1 + log2 3) each: reduction 0.5, and its standard error by linearisation
+    # sqrt(2 / 1 x 2 x (0.5 (1 + log2 3))^2) / (2 (1 + log2 3)) = 0.5
+    two = np.zeros((2, 1, 3, 3))
+    two[0, 0] = np.eye(3)
+    two[1, 0] = [[1, 0, 0], [0.5, 0.5, 0], [1 / 3, 1 / 3, 1 / 3]]
+    st = mf.sink_stats(two, np.arange(3))
+    assert st["sink_row_share"] == [0.0] and st["entropy_reduction_without_sink_rows_per_head"] == [pytest.approx(0.5)]
+    assert st["entropy_reduction_without_sink_rows_se_per_head"] == [pytest.approx(0.5)]
 
 
 def test_the_readout_from_the_output_is_a_baseline_beside_the_position():

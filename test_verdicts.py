@@ -203,6 +203,10 @@ def test_sharpening_is_judged_per_head_and_layer_by_layer_by_the_rule():
     assert v["outcome"] == "undecided" and "L0H0" in v["margin"]
     v = vd.sharpening({"attention": attention([layer([(0.53, 0.0, 0.0)])], [swap([0.6])])})
     assert v["outcome"] == "marginal"
+    # a layer 93% below uniform in the headline, all of it sink rows': its head is 30% below uniform without
+    # them, so a sink, whatever the pooled number says
+    v = vd.sharpening({"attention": attention([layer([(0.3, 0.01, 0.9)], reduction=0.93)], [swap([0.6])])})
+    assert v["outcome"] == "not supported" and v["controls"]["L0H0"]["kind"] == "sink"
 
 
 # ----------------------------------------------------------------------------
