@@ -293,7 +293,7 @@ def frame_head(g):
                        for m in methods if m not in read)
     if essential:
         outcome = "supported"
-        verdict = (f"supported by KL: removing {', '.join(essential)} adds {'; '.join(rise(h) for h in essential)} bits, "
+        verdict = (f"supported by KL: removing {'; '.join(f'{h} adds {rise(h)} bits' for h in essential)}, each "
                    f"more than {ESSENTIAL:.0%} of the gap to a uniform guess ({threshold:.3g} bits); no probe ties "
                    f"{'these heads' if len(essential) > 1 else 'this head'} to a hypothesis frame")
     elif near:
