@@ -180,7 +180,8 @@ def print_combined(paths, fail):
     for claim, c in combined.items():
         print(f"{claim}: {c['outcome']} ({c['agreement']})")
         for seed, v in c["per_seed"].items():
-            print(f"  {seed}: {v['verdict']}" + (f"  [margin: {v['margin']}]" if v["margin"] else ""))
+            print(f"  {seed}: {v['verdict']}" + (f"  [margin: {v['margin']}]" if v["margin"] and v["margin"] not in v["verdict"]
+                                                 else ""))
     return combined
 
 
