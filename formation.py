@@ -112,33 +112,82 @@ def ceiling(k, rank, width):
     return 1.0 / random_overlap(width, min(rank, k), k) if k else 0.0
 
 
-def frame_change(steps, frames, mae, init, other_inits, frame_rank, width):
+def change_settling(steps, mats, init, mae, kl, rank):
+    """The settling measurement of probe 6 on one matrix series mats [(rows, width)] (one per snapshot, in
+    order of step) and its value at initialisation: the change D_s = M_s - M_0 read the authors' way (the
+    overlap of the top `rank` directions of D_s with the span of D_last, as a multiple of chance); its plateau
+    (the first snapshot from which that ratio stays >= 90% of its last value); the calibration gain after it
+    by the paper metric (mae) and by the KL (kl), each value at the plateau / at the last snapshot; and how
+    far M moves before and after the plateau, |M_p - M_0|_F and |M_last - M_p|_F: stillness = after / before
+    (0 for a matrix that stops at its plateau; large for one still moving)."""
+    width = mats[-1].shape[1]
+    last = span_basis(mats[-1] - init)
+    ratio = [overlap_ratio(span_basis(M - init, rank), last, width) for M in mats]
+    plateau = first_step_staying(steps, np.asarray(ratio) >= 0.9 * ratio[-1]) if ratio[-1] > 0 else None
+    out = {"ratio_to_chance": ratio, "plateau_step": plateau, "gain_entropy_mae": None, "gain_kl": None,
+           "moved_before_plateau": None, "moved_after_plateau": None, "stillness": None}
+    if plateau is None:
+        return out
+    k = steps.index(plateau)
+    before, after = float(np.linalg.norm(mats[k] - init)), float(np.linalg.norm(mats[-1] - mats[k]))
+    gain = lambda c: float(c[k] / c[-1]) if c is not None and c[-1] > 0 else None
+    out.update(gain_entropy_mae=gain(mae), gain_kl=gain(kl), moved_before_plateau=before, moved_after_plateau=after,
+               stillness=after / before if before > 0 else None)
+    return out
+
+
+def oriented(M):
+    """A weight block as rows in the larger of its two dimensions (a (C, 4C) matrix as is, (4C, C) transposed),
+    so that its settling is read in the same kind of space as the frame's (n, C)."""
+    M = np.asarray(M, np.float64)
+    return M if M.shape[1] >= M.shape[0] else M.T
+
+
+def block_settling(steps, snaps, init, mae, kl, rank):
+    """Specificity control of probe 6: change_settling on every 2-D weight block of the snapshots
+    [params], against init's. -> {name: plateau step, gains, stillness}."""
+    names = [k for k, v in init.items() if np.ndim(v) == 2]
+    out = {}
+    for name in names:
+        c = change_settling(steps, [oriented(p[name]) for p in snaps], oriented(init[name]), mae, kl, rank)
+        out[name] = {k: v for k, v in c.items() if k != "ratio_to_chance"}
+    return out
+
+
+def frame_change(steps, frames, mae, init, other_inits, frame_rank, width, kl=None):
     """The controls of probe 6 (manifold.DEFINITIONS "frame_change"): frames [(n, C)] of the snapshots in
     order of step, init the frame F_0 at the run's initialisation, other_inits the frames of
-    initialisations of other seeds, mae the entropy MAE of each snapshot. The change D_s = F_s - F_0 is read
-    the authors' way: the overlap of its top directions with the span of D_last, as a multiple of chance."""
+    initialisations of other seeds, mae (kl) the entropy MAE (KL) of each snapshot. The change D_s = F_s - F_0
+    is read the authors' way (change_settling): the overlap of its top directions with the span of D_last,
+    as a multiple of chance; with its plateau, the gains after it and how still the frame is after it."""
     final = span_basis(frames[-1])                                    # (C, k) the final frame
     init_basis = span_basis(init)
-    ratio = [overlap_ratio(span_basis(F - init, frame_rank), span_basis(frames[-1] - init), width) for F in frames]
-    plateau = first_step_staying(steps, np.asarray(ratio) >= 0.9 * ratio[-1]) if ratio[-1] > 0 else None
-    k = steps.index(plateau) if plateau is not None else None
     proj = frames[-1] @ init_basis                                    # (n, r0) the final frame on F_0's span
+    c = change_settling(steps, frames, init, mae, kl, frame_rank)
+    k = None if c["plateau_step"] is None else steps.index(c["plateau_step"])
     return {"init_ratio": overlap_ratio(span_basis(init, frame_rank), final, width),
             "other_init_ratio": [overlap_ratio(span_basis(F, frame_rank), final, width) for F in other_inits],
             "final_energy_in_init_span": float((proj ** 2).sum() / (frames[-1] ** 2).sum()),
             "chance_energy_in_init_span": init_basis.shape[1] / width,
-            "change_ratio_to_chance": ratio, "change_ratio_ceiling": ceiling(span_basis(frames[-1] - init).shape[1], frame_rank, width),
-            "change_plateau_step": plateau, "change_ratio_at_plateau": None if k is None else float(ratio[k]),
+            "change_ratio_to_chance": c["ratio_to_chance"],
+            "change_ratio_ceiling": ceiling(span_basis(frames[-1] - init).shape[1], frame_rank, width),
+            "change_plateau_step": c["plateau_step"],
+            "change_ratio_at_plateau": None if k is None else float(c["ratio_to_chance"][k]),
             "entropy_mae_at_change_plateau_bits": None if k is None else float(mae[k]),
-            "calibration_gain_after_change_plateau": None if k is None or mae[-1] <= 0 else float(mae[k] / mae[-1])}
+            "calibration_gain_after_change_plateau": c["gain_entropy_mae"],
+            "calibration_gain_kl_after_change_plateau": c["gain_kl"],
+            "moved_before_change_plateau": c["moved_before_plateau"],
+            "moved_after_change_plateau": c["moved_after_plateau"], "stillness": c["stillness"]}
 
 
 def frame_precision(snaps, measure, frame, frame_rank, width, init=None, other_inits=(),
                     settle_fraction=SETTLE_FRACTION):
     """Probe 6 over snapshots [(step, params)], in order of step; None with fewer than two.
-    measure(params) -> (attention per layer, a dict of numbers with at least "entropy_mae_bits");
-    frame(params) -> the authors' frame matrix F (n, C) (its span is the frame); width: C, the model width;
-    init: the run's initial parameters and other_inits those of other seeds (the frame_change controls)."""
+    measure(params) -> (attention per layer, a dict of numbers with at least "entropy_mae_bits", and
+    "kl_bits" for the gain by KL); frame(params) -> the authors' frame matrix F (n, C) (its span is the
+    frame); width: C, the model width; init: the run's initial parameters and other_inits those of other
+    seeds (the frame_change controls, and "blocks": the same settling measurement on every 2-D weight
+    block of init's, the specificity control)."""
     if len(snaps) < 2:
         return None
     last = snaps[-1][1]
@@ -179,6 +228,8 @@ def frame_precision(snaps, measure, frame, frame_rank, width, init=None, other_i
                                               random_overlap(width, min(frame_rank, final_frame.shape[1]),
                                                              final_frame.shape[1]))}
     if init is not None:
+        kl = series.get("kl_bits")
         out["frame_change"] = frame_change(steps, frames, series["entropy_mae_bits"], frame(init),
-                                           [frame(p) for p in other_inits], frame_rank, width)
+                                           [frame(p) for p in other_inits], frame_rank, width, kl)
+        out["blocks"] = block_settling(steps, [p for _, p in snaps], init, series["entropy_mae_bits"], kl, frame_rank)
     return out

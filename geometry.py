@@ -16,8 +16,11 @@ os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 import argparse  # noqa: E402
 import sys  # noqa: E402
 
+import numpy as np  # noqa: E402
+
 import bayesattn as ba  # noqa: E402
 import formation  # noqa: E402
+from layers import softmax  # noqa: E402
 import models  # noqa: E402
 import plots  # noqa: E402
 import runs  # noqa: E402
@@ -62,12 +65,12 @@ def _analyze(checkpoint_path, fig_dir, n_seqs, seed):
 
     settings = probe_settings(task, cfg, meta)
     batch = probe_batch(task, cfg, n_seqs, seed, settings)
-    _, cache = ba.forward(params, batch["tokens"], cfg)
+    logits, cache = ba.forward(params, batch["tokens"], cfg)
 
     frame, matrices = key_frame_probe(params, cfg, task, batch["tokens"])
     att = attention_probe(cache, batch, task, cfg)
     att["query_swap"] = query_swap(params, cfg, batch, task, seed=seed)
-    man, xy = manifold_probe(cache, batch, task)
+    man, xy = manifold_probe(cache, batch, task, proba=softmax.numpy(logits.astype(np.float64)))
     lens = logit_lens(params, cache, batch)
     abl = ablations(params, cfg, batch, clean=cache)
     T = batch["tokens"].shape[1]
@@ -98,7 +101,7 @@ def _analyze(checkpoint_path, fig_dir, n_seqs, seed):
 
     out = plain({
         "checkpoint": os.path.abspath(checkpoint_path), "task": task, "settings": settings,
-        "step": meta.get("step"), "config": cfg.to_dict(), "probe_sequences": n_seqs, "probe_seed": seed,
+        "step": meta.get("step"), "train_seed": meta.get("seed"), "config": cfg.to_dict(), "probe_sequences": n_seqs, "probe_seed": seed,
         "versions": versions(),
         "authors": authors, "authors_definitions": AUTHORS_DEFINITIONS, "authors_numbers": AUTHORS_NUMBERS,
         "definitions": DEFINITIONS,
@@ -168,6 +171,32 @@ def summary(g):
     return "\n".join(lines)
 
 
+def print_combined(paths, fail):
+    """geometry.py --combine: each claim's verdict over the seeds (verdicts.combine), each seed's beside it."""
+    import json
+    gs = []
+    for path in paths:
+        try:
+            with open(path) as f:
+                gs.append(json.load(f))
+        except OSError as e:
+            fail(f"{path!r} cannot be read ({e.strerror})")
+        except ValueError:
+            fail(f"{path!r} is not a geometry.json")
+    try:
+        combined = verdicts.combine(gs)
+    except (ValueError, KeyError) as e:
+        fail(str(e) if isinstance(e, ValueError) else f"a geometry.json lacks {e}: re-run geometry.py on its checkpoint")
+    print(f"{len(gs)} runs of one command ({gs[0]['task']}, step {gs[0]['step']}), seeds "
+          f"{', '.join(str(g['train_seed']) for g in gs)}; the rules: geometry.py --definitions")
+    for claim, c in combined.items():
+        print(f"{claim}: {c['outcome']} ({c['agreement']})")
+        for seed, v in c["per_seed"].items():
+            print(f"  {seed}: {v['verdict']}" + (f"  [margin: {v['margin']}]" if v["margin"] and v["margin"] not in v["verdict"]
+                                                 else ""))
+    return combined
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 
@@ -178,6 +207,8 @@ def main(argv=None):
     p.add_argument("checkpoint", nargs="?", help="runs/<name>/checkpoint.npz")
     p.add_argument("--definitions", action="store_true", help="print every probe's and control's definition, "
                    "and the verdicts' rules, then exit")
+    p.add_argument("--combine", nargs="+", metavar="GEOMETRY_JSON", help="combine the geometry.json of two or "
+                   "more runs of the same command with different seeds into one verdict per claim, then exit")
     p.add_argument("--figures", help="where the geometry_*.png figures go (default: the run directory)")
     p.add_argument("--n-seqs", type=int, default=500, help="held-out probe sequences")
     p.add_argument("--seed", type=int, default=0, help="seed of the probe sequences")
@@ -188,6 +219,8 @@ def main(argv=None):
             for k, v in d.items():
                 print(f"{k}: {v}")
         return None
+    if args.combine:
+        return print_combined(args.combine, fail)
     if args.checkpoint is None:
         p.error("give a checkpoint (runs/<name>/checkpoint.npz), or --definitions")
     if args.n_seqs < 2:

@@ -86,14 +86,17 @@ DEFINITIONS = {
     "sink": f"position 0. sink_mass: mean attention on it over the answer rows with t > 0 (row 0 has no choice); "
             f"a sink row puts more than {SINK_MASS:g} of its mass there; sink_row_share: the share of head-rows "
             f"that are sink rows; sink_share_of_entropy_drop: the sink rows' share of sum (H_uniform - H); "
-            f"entropy_reduction_without_sink_rows: the reduction over the other rows.",
+            f"entropy_reduction_without_sink_rows: the reduction over the other rows; the same per head, with its "
+            f"standard error over the probe sequences (a ratio of per-sequence sums, by linearisation), and the "
+            f"sink rows' share of each head's drop.",
     "query_swap": f"on {SWAP_SEQS} probe sequences, for each answer position t > 0: the token at t is replaced "
                   "by another of the same standing (bijection/sawtooth: another key not seen before t for a new "
                   "key, another seen key for a seen one; HMM: another observation symbol), the prefix up to t is "
                   "run again, and the attention row at t compared with the original by total variation (TV = "
                   "1/2 sum |a - b|), per layer and head. Against it: the TV between the rows at t of two "
                   "different sequences (each with the next). ratio = swap TV / between-sequence TV: near 0, "
-                  "the row does not depend on the query (a fixed preference); near 1, as much as on the sequence.",
+                  "the row does not depend on the query (a fixed preference); near 1, as much as on the sequence. "
+                  "ratio_se: its standard error per head from those of the two means (rows treated as independent).",
     "monotone": "entropy reduction non-decreasing from each layer to the next.",
     # --- stage 3
     "manifold": "PCA (centred, SVD) of the rows at the answer positions; Spearman of PC1 with the exact posterior "
@@ -115,7 +118,9 @@ DEFINITIONS = {
                "/ sum (H - mean H)^2 over every row, each predicted by the fit without its sequence. Per layer: "
                "the residual stream entering block 0 (the embedding), after each block, and after the final "
                "LayerNorm. Beside it, the same readout from the position alone (one-hot), from the split alone, "
-               "and from both; each on all rows and on the graded rows. readout_partial_r2: what X adds beyond "
+               "and from both; each on all rows and on the graded rows; and from the model's own predictive distribution "
+               "(output_entropy: its entropy, one column; output_log_probs: its log-probabilities), beyond the "
+               "position: what the output gives without any geometry. readout_partial_r2: what X adds beyond "
                "the position, (R^2([X, position]) - R^2(position)) / (1 - R^2(position)), both held out; none "
                f"where the position leaves less than {ms.POSITION_LEAVES:g} of H's variance.",
     # --- probe 4
@@ -127,7 +132,8 @@ DEFINITIONS = {
                  "over sequences and positions; 'resample': the output of the next probe sequence (a derangement). "
                  "Each scored by the KL and by the paper metric (entropy MAE), and their changes. uniform_kl_bits: "
                  "the KL of a uniform guess on the same rows (= log2 K - mean H_Bayes). heads_above_uniform: the "
-                 "heads whose removal costs more KL than that guess.",
+                 "heads whose removal costs more KL than that guess. delta_kl_se_bits: the standard error of the "
+                 "KL change over the probe sequences (paired: each sequence's change).",
     # --- probe 6
     "frame_precision": "snapshots runs/<name>/snapshots/step_*.npz. Ours: attention rows of consecutive snapshots "
                        "(TV per step) against |change of log10 entropy MAE| per step; a series settles at the first "
@@ -139,7 +145,12 @@ DEFINITIONS = {
                     "as a multiple of a random subspace's (projection overlap, as the authors'); plateau and "
                     "calibration gain as the authors' reading. init_ratio: the authors' overlap of F_0 itself with "
                     "the final frame; other_init_ratio: the same for initialisations of other seeds; "
-                    "final_energy_in_init_span: |F_last projected on span F_0|^2 / |F_last|^2 (chance: rank / C).",
+                    "final_energy_in_init_span: |F_last projected on span F_0|^2 / |F_last|^2 (chance: rank / C). "
+                    "Gains after the plateau p by the paper metric and by the KL (value at p / at the last "
+                    "snapshot); stillness: |F_last - F_p|_F / |F_p - F_0|_F, how far the frame moves after its "
+                    "plateau against before it. blocks (specificity): the same measurement (plateau, gains, "
+                    "stillness) on every 2-D weight block of the model, each as rows in the larger of its two "
+                    "dimensions, against the run's initialisation.",
     # --- the verdicts
     "verdicts": "geometry.verdicts: each claim's headline beside its controls and the rule that decides it "
                 "(written with each verdict).",
@@ -344,8 +355,10 @@ def authors_key_frame(params, cfg, task):
     return {"hypotheses": len(toks), "head_size": hs, "per_head": per_head, "mean": float(np.mean(per_head)),
             "most_orthogonal_head": int(np.argmin(per_head)),
             "random_init_per_head": np.mean(init, 0).tolist(), "random_init_mean": float(np.mean(init)),
+            "random_init_per_seed": np.mean(init, 1).tolist(),
             "centred_per_head": centred, "centred_mean": float(np.mean(centred)),
             "random_init_centred_mean": float(np.mean(init_centred)),
+            "random_init_centred_per_seed": np.mean(init_centred, 1).tolist(),
             "welch_rms_lower_bound": ms.welch_rms_bound(len(toks), hs),
             "orthogonality_possible": hs >= len(toks), **offset_stats(K)}
 
@@ -369,7 +382,13 @@ def sink_stats(alpha, cols):
     drop = hu - h                                                    # (n, NH, P) the entropy drop per row
     rest = choice & ~sink_row
     NH = alpha.shape[1]
-    return {"sink_mass": [float(sink[:, hd][choice[:, hd]].mean()) for hd in range(NH)],
+    wo = [ms.ratio_se((hu[:, hd] - h[:, hd]).sum(-1, where=rest[:, hd]), hu[:, hd].sum(-1, where=rest[:, hd]))
+          for hd in range(NH)]                                       # per head: (reduction, its SE over sequences)
+    share = [ms.ratio_se(drop[:, hd].sum(-1, where=sink_row[:, hd]), drop[:, hd].sum(-1, where=choice[:, hd]))
+             for hd in range(NH)]
+    return {"entropy_reduction_without_sink_rows_per_head": [r for r, _ in wo],
+            "entropy_reduction_without_sink_rows_se_per_head": [se for _, se in wo],
+            "sink_share_of_entropy_drop_per_head": [r for r, _ in share],"sink_mass": [float(sink[:, hd][choice[:, hd]].mean()) for hd in range(NH)],
             "sink_row_share": [float(sink_row[:, hd][choice[:, hd]].mean()) for hd in range(NH)],
             "sink_share_of_entropy_drop": float(drop[sink_row].sum() / drop[choice].sum()) if drop[choice].sum() > 0
             else None,
@@ -434,8 +453,11 @@ def query_swap(params, cfg, batch, task, n=SWAP_SEQS, seed=0):
         s = np.concatenate(swap[l]) if swap[l] else np.full((0, NH), np.nan)
         b = np.concatenate(between[l]) if between[l] else np.full((0, NH), np.nan)
         s_h, b_h = s.mean(0), b.mean(0)
+        ratio = s_h / np.maximum(b_h, 1e-12)                           # (NH,)
+        se = lambda x: x.std(0, ddof=1) / np.sqrt(len(x)) if len(x) > 1 else np.zeros(NH)
+        rel = np.sqrt((se(s) / np.maximum(s_h, 1e-12)) ** 2 + (se(b) / np.maximum(b_h, 1e-12)) ** 2)
         out.append({"swap_tv": s_h.tolist(), "between_tv": b_h.tolist(),
-                    "ratio": (s_h / np.maximum(b_h, 1e-12)).tolist(),
+                    "ratio": ratio.tolist(), "ratio_se": (ratio * rel).tolist(),
                     "swap_tv_mean": float(s.mean()), "between_tv_mean": float(b.mean()),
                     "ratio_mean": float(s.mean() / max(b.mean(), 1e-12))})
     return {"sequences": len(tokens), "layers": out}
@@ -486,11 +508,18 @@ def manifold_controls(X, h, pos, seq, split=None, graded=None):
     return out
 
 
-def readout_baselines(h, pos, seq, split=None, graded=None):
+def readout_baselines(h, pos, seq, split=None, graded=None, q=None):
     """The readouts of H_Bayes that need no representation: from the position alone, the split alone and
-    both (one-hot position, split and split x position), on all rows and on the graded rows."""
+    both (one-hot position, split and split x position), on all rows and on the graded rows; with q (N, K)
+    the model's own predictive distribution, the partial readouts beyond the position from its entropy (one
+    column) and from its log-probabilities (K columns): what the output gives without any geometry."""
     P = ms.onehot(pos)
     out = {"position": ms.cv_r_squared(P, h, seq)}
+    if q is not None:
+        for name, X in (("output_entropy", wt.entropy_bits(q)[:, None]), ("output_log_probs", np.log(np.maximum(q, 1e-30)))):
+            out[f"{name}_partial"] = ms.partial_cv_r_squared(X, h, seq, pos)
+            if graded is not None:
+                out[f"{name}_partial_graded"] = ms.partial_cv_r_squared(X[graded], h[graded], seq[graded], pos[graded])
     if split is not None:
         s = split.astype(np.float64)[:, None]
         out["split"] = ms.cv_r_squared(s, h, seq)
@@ -516,9 +545,10 @@ def manifold_rows(batch, task):
     return cols, h, pos, seq, None if split is None else split.reshape(-1), graded, name
 
 
-def manifold_probe(cache, batch, task):
+def manifold_probe(cache, batch, task, proba=None):
     """Probe 3 on the last layer's attention output, the final residual stream before and after the final
-    LayerNorm, and by layer, each with its controls. -> (numbers, points for the figure)."""
+    LayerNorm, and by layer, each with its controls; proba (n, T, K): the model's predictive distribution
+    (the readout baseline from the output). -> (numbers, points for the figure)."""
     cols, h, pos, seq, split, graded, split_name = manifold_rows(batch, task)
     rows = lambda a: a[:, cols].reshape(-1, a.shape[-1]).astype(np.float64)  # (n, T, C) -> (N, C)
     controls = lambda X: manifold_controls(X, h, pos, seq, split, graded)
@@ -527,7 +557,8 @@ def manifold_probe(cache, batch, task):
            "residual_final": controls(resid_final), "after_final_ln": controls(rows(cache["xf"])),
            "by_layer": {"attn_out": [controls(rows(lc["attn_out"])) for lc in cache["layers"]],
                         "residual": [controls(rows(r)) for r in cache["resid"]]},
-           "readout_baselines": readout_baselines(h, pos, seq, split, graded),
+           "readout_baselines": readout_baselines(h, pos, seq, split, graded,
+                                                  None if proba is None else rows(proba)),
            "graded_rows": "every row" if graded.all() else f"{graded.mean():.1%} of the rows",
            "split": split_name,
            "authors": authors_manifold(rows(cache["xf"]), h, pos, graded)}
@@ -626,7 +657,8 @@ def ablated_calibration(params, cfg, batch, layer=None, heads=(), method="zero",
                 o[:, h] = r
             return o
     logits, _ = ba.forward(params, batch["tokens"], cfg, patch=patch)
-    return calibration(ly.softmax.numpy(logits[:, cols].astype(np.float64)), batch["posterior"][:, cols])
+    q, post = ly.softmax.numpy(logits[:, cols].astype(np.float64)), batch["posterior"][:, cols]
+    return {**calibration(q, post), "kl_by_sequence": wt.kl_bits(post, q).mean(1)}   # (n,) for the noise
 
 
 def ranked(rows, key):
@@ -651,8 +683,13 @@ def ablations(params, cfg, batch, clean=None, methods=ABLATIONS):
     uniform = np.full_like(post, 1.0 / post.shape[-1])
     uniform_kl = float(wt.kl_bits(post, uniform).mean())
     base = ablated_calibration(params, cfg, batch)
-    delta = lambda c: {**c, "delta_entropy_mae_bits": c["entropy_mae_bits"] - base["entropy_mae_bits"],
-                       "delta_kl_bits": c["kl_bits"] - base["kl_bits"]}
+    base_seq = base.pop("kl_by_sequence", None)
+
+    def delta(c):   # the changes, and the KL change's standard error over the probe sequences (paired)
+        seq = c.pop("kl_by_sequence", None)
+        return {**c, "delta_entropy_mae_bits": c["entropy_mae_bits"] - base["entropy_mae_bits"],
+                "delta_kl_bits": c["kl_bits"] - base["kl_bits"],
+                "delta_kl_se_bits": None if seq is None or base_seq is None else ms.mean_se(seq - base_seq)}
     by_method = {}
     for method in methods:
         heads = [{"layer": l, "head": h, **delta(ablated_calibration(params, cfg, batch, l, (h,), method, clean))}

@@ -140,6 +140,31 @@ def partial_cv_r_squared(X, y, groups, position):
     return (full - base) / (1.0 - base)
 
 
+def mean_se(a):
+    """Standard error of the mean of a (n,): sd (ddof 1) / sqrt(n); 0 for fewer than two values."""
+    a = np.asarray(a, np.float64)
+    return float(a.std(ddof=1) / math.sqrt(len(a))) if len(a) > 1 else 0.0
+
+
+def ratio_se(num, den):
+    """The ratio R = sum num / sum den of per-unit sums num, den (n,) (units: sequences) and its standard
+    error by linearisation, sqrt(n / (n - 1) sum (num_i - R den_i)^2) / sum den; (None, None) when sum den
+    is 0."""
+    num, den = np.asarray(num, np.float64), np.asarray(den, np.float64)
+    if den.sum() <= 0:
+        return None, None
+    r = num.sum() / den.sum()
+    n = len(num)
+    se = math.sqrt(n / (n - 1) * ((num - r * den) ** 2).sum()) / den.sum() if n > 1 else 0.0
+    return float(r), float(se)
+
+
+def seed_sd(values):
+    """The spread of a baseline over its seeds: sd with ddof 1 (0 for fewer than two)."""
+    v = np.asarray(values, np.float64)
+    return float(v.std(ddof=1)) if len(v) > 1 else 0.0
+
+
 def onehot(a):
     """a (N,) -> (N, number of distinct values) indicator columns."""
     return (np.asarray(a)[:, None] == np.unique(a)[None, :]).astype(np.float64)
