@@ -177,6 +177,22 @@ def head_backward(dlogits, cache):
 
 
 # ----------------------------------------------------------------------------
+# sigmoid(a) = 1 / (1 + exp(-a)), the gates of the recurrent families
+
+def sigmoid_forward(a):
+    """a (...) -> s = 1 / (1 + exp(-a)) (...), cache s. Written with exp(-|a|) so no exp overflows."""
+    e = np.exp(-np.abs(a))
+    s = np.where(a >= 0, 1.0 / (1.0 + e), e / (1.0 + e)).astype(a.dtype)
+    return s, s
+
+
+def sigmoid_backward(ds, cache):
+    """cache = s. ds/da = s (1 - s)."""
+    s = cache
+    return ds * s * (1.0 - s)
+
+
+# ----------------------------------------------------------------------------
 # GELU, tanh approximation:  y = 0.5 x (1 + tanh z),  z = c (x + 0.044715 x^3)
 
 @twin

@@ -152,19 +152,7 @@ def step_flops(cfg, B, T):
 
 
 # ----------------------------------------------------------------------------
-# the two gate nonlinearities:  sigmoid(a) = 1 / (1 + exp(-a)),  tanh(a)
-
-def sigmoid_forward(a):
-    """a (...) -> s = 1 / (1 + exp(-a)) (...), cache s. Written as exp of -|a| so no exp overflows."""
-    e = np.exp(-np.abs(a))
-    s = np.where(a >= 0, 1.0 / (1.0 + e), e / (1.0 + e)).astype(a.dtype)
-    return s, s
-
-
-def sigmoid_backward(ds, cache):
-    """cache = s. ds/da = s (1 - s)."""
-    s = cache
-    return ds * s * (1.0 - s)
+# the gate nonlinearities: sigmoid (layers.py) and tanh(a)
 
 
 def tanh_forward(a):
@@ -189,10 +177,10 @@ def lstm_step_forward(x, h_prev, c_prev, w, b):
     C = h_prev.shape[1]
     xh = np.concatenate([x, h_prev], axis=1)                       # (B, Cin + C)
     a, linear = ly.linear_forward(xh, w, b)                        # (B, 4C)  one product for the four gates
-    i, _ = sigmoid_forward(a[:, 0 * C:1 * C])                      # (B, C)
-    f, _ = sigmoid_forward(a[:, 1 * C:2 * C])
+    i, _ = ly.sigmoid_forward(a[:, 0 * C:1 * C])                      # (B, C)
+    f, _ = ly.sigmoid_forward(a[:, 1 * C:2 * C])
     g, _ = tanh_forward(a[:, 2 * C:3 * C])
-    o, _ = sigmoid_forward(a[:, 3 * C:4 * C])
+    o, _ = ly.sigmoid_forward(a[:, 3 * C:4 * C])
     c = f * c_prev + i * g                                          # (B, C)
     tc, _ = tanh_forward(c)
     h = o * tc                                                      # (B, C)
@@ -211,8 +199,8 @@ def lstm_step_backward(dh, dc, cache):
     df, dc_prev = dc * c_prev, dc * f
     di, dg = dc * g, dc * i
     # i, f, o = sigmoid(a_i, a_f, a_o);  g = tanh(a_g)
-    da = np.concatenate([sigmoid_backward(di, i), sigmoid_backward(df, f), tanh_backward(dg, g),
-                         sigmoid_backward(do, o)], axis=1)         # (B, 4C)
+    da = np.concatenate([ly.sigmoid_backward(di, i), ly.sigmoid_backward(df, f), tanh_backward(dg, g),
+                         ly.sigmoid_backward(do, o)], axis=1)      # (B, 4C)
     # a = [x, h_prev] w + b
     dxh, dw, db = ly.linear_backward(da, linear)                   # (B, Cin + C)
     return dxh[:, :Cin], dxh[:, Cin:], dc_prev, dw, db

@@ -159,21 +159,15 @@ def step_flops(cfg, B, T):
 # ----------------------------------------------------------------------------
 # elementwise ops:  silu(x) = x sigmoid(x),  softplus(x) = log(1 + exp(x))
 
-def sigmoid(x):
-    """1 / (1 + exp(-x)), written with exp(-|x|) so no exp overflows."""
-    e = np.exp(-np.abs(x))
-    return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e)).astype(x.dtype)
-
-
 def silu_forward(x):
-    """x (...) -> y = x sigmoid(x) (...), cache x."""
-    return x * sigmoid(x), x
+    """x (...) -> y = x sigmoid(x) (...), cache (x, sigmoid(x))."""
+    s, _ = ly.sigmoid_forward(x)
+    return x * s, (x, s)
 
 
 def silu_backward(dy, cache):
-    """cache = x. With s = sigmoid(x): dy/dx = s + x s (1 - s)."""
-    x = cache
-    s = sigmoid(x)
+    """With s = sigmoid(x): dy/dx = s + x s (1 - s)."""
+    x, s = cache
     return dy * s * (1.0 + x * (1.0 - s))
 
 
@@ -184,7 +178,7 @@ def softplus_forward(x):
 
 def softplus_backward(dy, cache):
     """cache = x. dy/dx = exp(x) / (1 + exp(x)) = sigmoid(x)."""
-    return dy * sigmoid(cache)
+    return dy * ly.sigmoid_forward(cache)[0]
 
 
 # ----------------------------------------------------------------------------

@@ -129,6 +129,24 @@ def test_fast_path_matches_the_numpy_path(name):
 
 
 @pytest.mark.parametrize("name", FAMILIES)
+def test_twins_module_names_exactly_the_ops_marked_twin(name):
+    """A family with a TWINS module: its TWINS tuple names exactly the family's own ops marked @twin, each twin
+    with its op's signature, and the fast path hands out those twins."""
+    import importlib
+    import inspect
+    mod = models.module(name)
+    if not hasattr(mod, "TWINS"):
+        pytest.skip(f"{name} has no twins module of its own")
+    twins = importlib.import_module(mod.TWINS)
+    ops = {k: op for k, op in vars(mod).items() if hasattr(op, "numpy") and op.__module__ == mod.__name__}
+    assert ops and set(twins.TWINS) == set(ops)
+    for k, op in ops.items():
+        assert inspect.signature(getattr(twins, k)).parameters.keys() == inspect.signature(op.numpy).parameters.keys(), k
+    with kernels.enabled():
+        assert all(ly.FAST[k] is getattr(twins, k) for k in ops)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
 def test_checkpoint_round_trip(name, tmp_path):
     cfg, _ = tiny_config(name, dtype="float32")
     params = models.init_params(name, cfg, 3)
