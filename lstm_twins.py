@@ -24,7 +24,8 @@ TWINS = ("lstm_forward", "lstm_backward")
 def sigmoid1(a, one):
     """sigmoid of one number a (one: 1 in a's precision), with exp of -|a| so nothing overflows."""
     e = fast_exp(-abs(a))
-    return one / (one + e) if a >= 0 else e / (one + e)
+    r = one / (one + e)
+    return r if a >= 0 else e * r              # (one division: two in a conditional compiled 15x slower)
 
 
 @njit(cache=True, fastmath=FASTMATH)

@@ -364,3 +364,28 @@ def test_models_loads_a_familys_twins():
         assert models.module(name).TWINS == twins.__name__
         with kernels.enabled():
             assert all(ly.FAST[op] is getattr(twins, op) for op in twins.TWINS)
+
+
+def test_lstm_learned_positions_clamped_past_the_limit():
+    """pos "learned" with pos_limit 8 on 13 positions: positions 7..12 share row 7, so the gradient of row 7 is
+    the sum of theirs (finite differences on the embeddings and a layer's parameters; test_families.py checks
+    the rest), and rows 8.. get none."""
+    cfg = lstm.Config(vocab_size=5, n_classes=3, max_len=13, d_model=4, n_layers=2, dtype="float64", pos="learned",
+                      pos_limit=8)
+    rng = np.random.default_rng(9)
+    params = {k: v + 0.3 * rng.standard_normal(v.shape) for k, v in lstm.init_params(cfg, 0).items()}
+    tokens, targets, mask = rng.integers(0, 5, (2, 13)), rng.integers(0, 3, (2, 13)), np.ones((2, 13))
+    loss = lambda: models.loss_and_grads("lstm", params, tokens, targets, mask, cfg)[0]
+    _, grads = models.loss_and_grads("lstm", params, tokens, targets, mask, cfg)
+    assert np.all(grads["wpe"][8:] == 0) and np.all(grads["wpe"][7] != 0)
+    for name in ("wpe", "wte", "lstm.0.b", "lstm.1.w"):
+        p = params[name]
+        num = np.zeros_like(p)
+        for i in np.ndindex(p.shape):
+            old = p[i]
+            p[i] = old + 1e-5
+            up = loss()
+            p[i] = old - 1e-5
+            num[i] = (up - loss()) / 2e-5
+            p[i] = old
+        assert rel_error(grads[name], num) < TOL64, (name, rel_error(grads[name], num))
