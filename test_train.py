@@ -50,8 +50,8 @@ def load(path):
 
 @pytest.mark.parametrize("args, expected", [
     (["--task", "bijektion"], "--task 'bijektion': allowed are bijection, sawtooth, hmm, sticky"),
-    (["--model", "rnn"], "--model 'rnn': allowed are transformer, mlp, prefix-mlp"),
-    (["--baseline", "lstm"], "--baseline 'lstm': allowed are transformer, mlp, prefix-mlp"),
+    (["--model", "rnn"], "--model 'rnn': allowed are transformer, mlp, prefix-mlp, lstm, ssm"),
+    (["--baseline", "gru"], "--baseline 'gru': allowed are transformer, mlp, prefix-mlp, lstm, ssm"),
     (["--init", "zeros"], "--init 'zeros': allowed are gpt2, fan-in"),
     (["--task", "hmm", "--V", "10"], "--V does not apply to --task hmm (it belongs to --task bijection and --task sawtooth)"),
     (["--K", "10"], "--K does not apply to --task bijection (it belongs to --task hmm)"),
