@@ -574,7 +574,7 @@ def test_well_formed_archives_with_the_wrong_content_are_refused(tmp_path):
                 "missing": "parameter 'unembed.b' is missing", "extra": "parameter 'stray' is not part of its config",
                 "nomodel": "checkpoint 'nomodel.npz' does not name its model in its meta",
                 "unknown": "checkpoint 'unknown.npz' holds a model 'rnn', which is not registered (known: "
-                           "transformer, mlp, prefix-mlp)"}
+                           "transformer, mlp, prefix-mlp, lstm, ssm)"}
     for name, (p, m) in cases.items():
         checkpoints.save_checkpoint(str(tmp_path / f"{name}.npz"), p, cfg, meta=m)
         assert_clear_error(run(["--eval-only", f"{name}.npz"], tmp_path), messages[name])
