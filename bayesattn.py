@@ -255,11 +255,7 @@ def forward(params, tokens, cfg, head_mask=None, patch=None):
     cache["resid"] lists the residual stream before each block and after the last; cache["xf"] is the
     final LayerNorm's output.
     """
-    tokens = np.asarray(tokens)
-    if tokens.ndim != 2:
-        raise ValueError(f"tokens must have shape (B, T), got {tokens.shape}")
-    if tokens.size and (tokens.min() < 0 or tokens.max() >= cfg.vocab_size):
-        raise ValueError(f"token ids must lie in 0..{cfg.vocab_size - 1}, got {tokens.min()}..{tokens.max()}")
+    tokens = ly.checked_tokens(tokens, cfg.vocab_size)
     B, T = tokens.shape
     x, embedding = ly.embedding_forward(params["wte"], position_table(params, cfg, T), tokens)  # (B, T, C)
     logits, cache = forward_embedded(params, x.astype(cfg.dtype), cfg, head_mask, patch)

@@ -1,11 +1,14 @@
-"""kernels: the fast twins of the ops in layers.py and bayesattn.py, same names, same signatures.
+"""kernels: the fast twins of the ops in layers.py and bayesattn.py, same names, same signatures, and the
+one switch that runs them with every family's own twins.
 
 Numba loops for the ops NumPy runs slowly (LayerNorm, GELU, softmax, the causal attention and its
 E-step/M-step backward, softmax + cross-entropy, the embedding's scatter-add), and the matrix
 products of the linear layer split by rows over threads. Each twin computes what its NumPy op's
 docstring says; test_bayesattn.py checks every pair against each other and by finite differences.
 `with enabled():` runs the models on these twins inside the block (train.py does, unless --kernels
-numpy) and restores the switch after it. What each trick buys is measured by `python bench.py`
+numpy) and restores the switch after it. A family's twins live beside it in its own module (the family's
+TWINS names it; models.py loads it with the family), which uses the Numba machinery here and hands its
+twins to add_twins when imported: enabled() merges them with these, and a name twinned twice fails there. What each trick buys is measured by `python bench.py`
 (PERFORMANCE.md); none of it changes a formula.
 
 Numba conventions: @njit(cache=True); parallel kernels have exactly one prange loop, over an axis
@@ -32,9 +35,33 @@ TWINS = ("embedding_backward", "linear_forward", "linear_backward", "layernorm_f
          "gelu_forward", "gelu_backward", "softmax", "cross_entropy", "attention_forward", "attention_backward")
 
 
+FAMILY_TWINS = {}   # op name -> twin, from the families' twins modules (add_twins)
+
+
+def add_twins(module_name, twins):
+    """Register a family's twins ({op name: function}) from its module; ValueError on a name already twinned."""
+    for name in twins:
+        if name in TWINS or FAMILY_TWINS.get(name, twins[name]) is not twins[name]:
+            where = "kernels" if name in TWINS else FAMILY_TWINS[name].__module__
+            raise ValueError(f"twin {name!r} of {module_name} is taken already by {where}: rename one")
+    FAMILY_TWINS.update(twins)
+
+
+def twins():
+    """{op name: twin} of every op with a twin: the ones here and those of every family's twins module loaded.
+    RuntimeError if an op marked @twin has none loaded (its family's twins module was never imported): the
+    fast path would otherwise run that op's NumPy code without a word."""
+    table = {name: globals()[name] for name in TWINS} | FAMILY_TWINS
+    missing = sorted(set(layers.TWINNED) - set(table))
+    if missing:
+        raise RuntimeError(f"op {missing[0]!r} of {layers.TWINNED[missing[0]]} has no twin loaded: import the "
+                           f"module its family's TWINS names (models.module() does)")
+    return table
+
+
 def enabled():
-    """A context: within it every op with a twin here runs the twin (the fast path); after it, what ran before."""
-    return layers.use_twins({name: globals()[name] for name in TWINS})
+    """A context: within it every op with a twin runs the twin (the fast path); after it, what ran before."""
+    return layers.use_twins(twins())
 
 
 # ----------------------------------------------------------------------------

@@ -9,14 +9,17 @@ Gradient convention, for every op of the project: a forward returns (out, cache)
 the gradient of each input, in the order of the forward's arguments.
 
 The ops below are the readable path: plain NumPy, written from the equations in their docstrings.
-An op marked `@twin` has a twin of the same name and signature in kernels.py (Numba loops,
-threaded matrix products), tested against it. Which one runs is the one switch of the project:
+An op marked `@twin` has a twin of the same name and signature (Numba loops, threaded matrix
+products), tested against it: in kernels.py for the ops here and the transformer's, in a family's
+own twins module (its TWINS, e.g. lstm_twins.py) for a family's. Twins are keyed by the op's bare
+name, so a name may be twinned once: a second op of the same name fails at import. Which one runs
+is the one switch of the project:
 
     FAST = {}                     empty: every op runs as written here (what you read is what runs)
     with kernels.enabled(): ...   inside the block, every op runs its twin (the fast path, which
                                   train.py takes unless --kernels numpy); after it, what ran before
 
-The tests reach this code as op.numpy and the twin as kernels.<name>.
+The tests reach this code as op.numpy and the twin as kernels.<name> (or <family>_twins.<name>).
 """
 
 import os
@@ -35,13 +38,19 @@ import numpy as np  # noqa: E402
 LN_EPS = 1e-5                      # LayerNorm: var + eps under the square root
 GELU_C = math.sqrt(2.0 / math.pi)  # GELU's tanh approximation: c in tanh(c (x + 0.044715 x^3))
 
-FAST = {}                          # op name -> its twin in kernels.py; empty: the NumPy path
+FAST = {}                          # op name -> its twin; empty: the NumPy path
+TWINNED = {}                       # op name -> the module of the NumPy op marked @twin (kernels.enabled() checks
+                                   # that each has a twin)
 
 
 def twin(numpy_op):
-    """Mark a NumPy op as having a twin in kernels.py: calls go to FAST[name] when the fast path is
-    on, to numpy_op otherwise."""
+    """Mark a NumPy op as having a twin of the same name: calls go to FAST[name] when the fast path is
+    on, to numpy_op otherwise. ValueError if another module already twinned an op of that name."""
     name = numpy_op.__name__
+    home = TWINNED.setdefault(name, numpy_op.__module__)
+    if home != numpy_op.__module__:
+        raise ValueError(f"op {name!r} of {numpy_op.__module__} is twinned already by {home}: twins are keyed "
+                         f"by the op's name, so rename one")
 
     @functools.wraps(numpy_op)
     def op(*args, **kwargs):
@@ -67,6 +76,17 @@ def use_twins(twins):
 def bits(nats):
     """Convert nats to bits."""
     return nats / math.log(2.0)
+
+
+def checked_tokens(tokens, vocab_size):
+    """tokens as an array (B, T) of ids in 0..vocab_size-1; ValueError naming the shape or the range otherwise
+    (a family's forward calls it first: wte[-1] would otherwise read a row without a word)."""
+    tokens = np.asarray(tokens)
+    if tokens.ndim != 2:
+        raise ValueError(f"tokens must have shape (B, T), got {tokens.shape}")
+    if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab_size):
+        raise ValueError(f"token ids must lie in 0..{vocab_size - 1}, got {tokens.min()}..{tokens.max()}")
+    return tokens
 
 
 # ----------------------------------------------------------------------------
@@ -136,6 +156,40 @@ def layernorm_backward(dy, cache):
     dxhat = dy2 * g
     dx = rstd[:, None] * (dxhat - dxhat.mean(-1, keepdims=True) - xhat * (dxhat * xhat).mean(-1, keepdims=True))
     return dx.astype(x2.dtype).reshape(shape), (dy2 * xhat).sum(axis=0).astype(x2.dtype), dy2.sum(axis=0)
+
+
+# ----------------------------------------------------------------------------
+# the head: logits = LN(x) W + b, a final LayerNorm then the unembedding
+
+def head_forward(x, g, b, w, bias):
+    """x (B, T, C), LayerNorm gain and bias g, b (C,), w (C, K), bias (K,) -> logits (B, T, K), cache; cache["xf"]
+    is LN(x) (B, T, C), the final state the probes read."""
+    xf, ln = layernorm_forward(x, g, b)
+    logits, unembed = linear_forward(xf, w, bias)
+    return logits, {"xf": xf, "ln": ln, "unembed": unembed}
+
+
+def head_backward(dlogits, cache):
+    """-> dx (B, T, C), dg, db, dw, dbias: the unembedding's backward, then the LayerNorm's."""
+    dxf, dw, dbias = linear_backward(dlogits, cache["unembed"])
+    dx, dg, db = layernorm_backward(dxf, cache["ln"])
+    return dx, dg, db, dw, dbias
+
+
+# ----------------------------------------------------------------------------
+# sigmoid(a) = 1 / (1 + exp(-a)), the gates of the recurrent families
+
+def sigmoid_forward(a):
+    """a (...) -> s = 1 / (1 + exp(-a)) (...), cache s. Written with exp(-|a|) so no exp overflows."""
+    e = np.exp(-np.abs(a))
+    s = np.where(a >= 0, 1.0 / (1.0 + e), e / (1.0 + e)).astype(a.dtype)
+    return s, s
+
+
+def sigmoid_backward(ds, cache):
+    """cache = s. ds/da = s (1 - s)."""
+    s = cache
+    return ds * s * (1.0 - s)
 
 
 # ----------------------------------------------------------------------------

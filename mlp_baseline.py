@@ -174,11 +174,7 @@ def prefix_linear_backward(dh, cache):
 def forward(params, tokens, cfg):
     """tokens (B, T) int -> logits (B, T, K), cache. cache["resid"] lists the residual stream
     (B, T, H) after the input layer and after each block."""
-    tokens = np.asarray(tokens)
-    if tokens.ndim != 2:
-        raise ValueError(f"tokens must have shape (B, T), got {tokens.shape}")
-    if tokens.size and (tokens.min() < 0 or tokens.max() >= cfg.vocab_size):
-        raise ValueError(f"token ids must lie in 0..{cfg.vocab_size - 1}, got {tokens.min()}..{tokens.max()}")
+    tokens = ly.checked_tokens(tokens, cfg.vocab_size)
     if tokens.shape[1] > cfg.max_len:
         raise ValueError(f"sequence length {tokens.shape[1]} exceeds max_len={cfg.max_len} of this MLP")
     if cfg.inputs == "token":                                       # h_t = wte[tok_t] + wpe[t]: no mixing

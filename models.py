@@ -21,6 +21,8 @@ and, where it has them (a documented default applies where it does not):
     FLAGS = {flag: spec}                       command-line flags of the family's own config fields
     PRESETS = {task: {preset: settings}}       presets of the family's own, over the task's
     PROBES = True                              geometry.py's probes apply (they read attention)
+    TWINS = "module name"                      the module of the family's Numba twins, loaded with the family
+                                               (it hands them to kernels.add_twins; kernels.py says how)
 
 FAMILIES maps the name a user types (--model) to the module's name, or to a pair (module name, fixed
 Config fields) where two names share a module. Adding a family is adding its module and one entry here.
@@ -39,6 +41,8 @@ FAMILIES = {
     "transformer": "bayesattn",
     "mlp": ("mlp_baseline", {"inputs": "token"}),          # the authors' MLP: one token and its position
     "prefix-mlp": ("mlp_baseline", {"inputs": "prefix"}),  # an MLP that sees the whole prefix
+    "lstm": "lstm",
+    "ssm": "mamba",                                        # the selective state-space model (Mamba)
 }
 SHARED_FIELDS = ("vocab_size", "n_classes", "max_len", "d_model", "n_layers", "dtype")
 DEFAULT_ACTIVATIONS = 16    # the default memory estimate: activations of (B, T, d_model) held per layer
@@ -51,7 +55,10 @@ def family(name):
         raise ValueError(f"model {name!r}: allowed are {', '.join(FAMILIES)}")
     entry = FAMILIES[name]
     module_name, fixed = (entry, {}) if isinstance(entry, str) else entry
-    return importlib.import_module(module_name), dict(fixed)
+    mod = importlib.import_module(module_name)
+    if hasattr(mod, "TWINS"):
+        importlib.import_module(mod.TWINS)                  # its twins, for the fast path
+    return mod, dict(fixed)
 
 
 def module(name):

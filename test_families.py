@@ -3,7 +3,8 @@ the same checks on any estimator): a family is tested by being registered in mod
 
 For each family, on tiny shapes:
   - every parameter's gradient against centred finite differences, float64, hard and soft targets, on the
-    NumPy path and on the fast path (the Numba twins);
+    NumPy path and on the fast path (the Numba twins), on every task's tiny settings, each at least
+    MIN_GRAD_T = 12 positions long (what a recurrence carries to the wrong step shows only over many steps);
   - the fast path against the NumPy path: logits and every gradient;
   - a checkpoint round trip (the family read back from the checkpoint's meta);
   - a short training run on every task, through the project's loop, that must bring the held-out KL below
@@ -32,14 +33,18 @@ FAMILIES = sorted(models.FAMILIES)
 MARGIN = 0.05               # the trained held-out KL must be at most (1 - MARGIN) x the KL at initialisation
 TRAIN_STEPS = 40            # steps of the short training run (tiny shapes: seconds)
 TOL = {"float64": 1e-6}     # worst relative error of a gradient against finite differences, per tensor
+MIN_GRAD_T = 12             # the gradient checks' sequences are at least this long
+TINY = {"bijection": {"V": 4}, "sawtooth": {"V": 4}, "hmm": {"n_obs": 3}}   # the training runs' settings
+GRAD_TINY = {"bijection": {"V": 7}, "sawtooth": {"V": 7}, "hmm": {"n_obs": 3}}   # 12, 13 and 55 positions
 
 
-def tiny_config(name, task="bijection", dtype="float64"):
-    """The family's Config at the smallest shapes of a task: width 8, 1 layer (2 heads where it has them)."""
-    s = tasks.settings(task, {"V": 4} if task in ("bijection", "sawtooth") else {"n_obs": 3})
+def tiny_config(name, task="bijection", dtype="float64", given=None, n_layers=1):
+    """The family's Config at the smallest shapes of a task (TINY, or the given settings): width 8, n_layers
+    layers (2 heads where it has them)."""
+    s = tasks.settings(task, TINY[task] if given is None else given)
     sizes = tasks.sizes(task, s)
     fields = dict(vocab_size=sizes["vocab"], n_classes=sizes["classes"], max_len=sizes["max_len"], d_model=8,
-                  n_layers=1, dtype=dtype)
+                  n_layers=n_layers, dtype=dtype)
     if "n_heads" in models.config_fields(name):
         fields["n_heads"] = 2
     return models.make_config(name, **{k: v for k, v in fields.items() if k in models.config_fields(name)}), s
@@ -72,18 +77,22 @@ def path(request):
 
 
 @pytest.mark.parametrize("soft", [False, True], ids=["hard", "soft"])
+@pytest.mark.parametrize("task", sorted(tasks.TASKS))
 @pytest.mark.parametrize("name", FAMILIES)
-def test_every_gradient_against_finite_differences(name, soft, path):
-    cfg, s = tiny_config(name)
+def test_every_gradient_against_finite_differences(name, task, soft, path):
+    """Two layers (what passes between layers is checked too), sequences of at least MIN_GRAD_T positions;
+    the worst relative error per tensor is printed (pytest -s shows it) and named in a failure."""
+    cfg, s = tiny_config(name, task, given=GRAD_TINY[task], n_layers=2)
     params = {k: v + 0.3 * np.random.default_rng(1).standard_normal(v.shape)    # away from a symmetric start
               for k, v in models.init_params(name, cfg, 0).items()}
-    batch = tiny_batch("bijection", s)
+    batch = tiny_batch(task, s, n=2)
+    assert batch["tokens"].shape[1] >= MIN_GRAD_T, f"{task}: {batch['tokens'].shape[1]} positions"
     _, grads = loss_fn(name, cfg, params, batch, soft)
     assert set(grads) == set(params)
     h, worst = 1e-5, {}
     rng = np.random.default_rng(2)
     for k, p in params.items():
-        idx = [tuple(rng.integers(0, d) for d in p.shape) for _ in range(6)]   # six entries per tensor
+        idx = [tuple(rng.integers(0, d) for d in p.shape) for _ in range(4)]   # four entries per tensor
         num = []
         for i in idx:
             old = p[i]
@@ -95,8 +104,10 @@ def test_every_gradient_against_finite_differences(name, soft, path):
             num.append((up - down) / (2 * h))
         ana = np.array([grads[k][i] for i in idx])
         worst[k] = rel_error(ana, np.array(num)) if np.any(np.abs(num) > 1e-9) or np.any(np.abs(ana) > 1e-9) else 0.0
-    bad = {k: e for k, e in worst.items() if e > TOL["float64"]}
-    assert not bad, f"{name}: worst relative error per tensor above {TOL['float64']}: {bad}"
+    print(f"\n{name} {task} {'soft' if soft else 'hard'} {path}: worst relative error per tensor: "
+          + ", ".join(f"{k} {e:.1e}" for k, e in worst.items()))
+    bad = {k: f"{e:.1e}" for k, e in worst.items() if e > TOL["float64"]}
+    assert not bad, f"{name} on {task}: worst relative error per tensor above {TOL['float64']}: {bad}"
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -115,6 +126,24 @@ def test_fast_path_matches_the_numpy_path(name):
     scale = max(float(np.max(np.abs(g))) for g in ref.values())
     worst = {k: rel_error(fast[k], ref[k], 1e-6 * scale) for k in ref}
     assert max(worst.values()) < 1e-10, worst
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_twins_module_names_exactly_the_ops_marked_twin(name):
+    """A family with a TWINS module: its TWINS tuple names exactly the family's own ops marked @twin, each twin
+    with its op's signature, and the fast path hands out those twins."""
+    import importlib
+    import inspect
+    mod = models.module(name)
+    if not hasattr(mod, "TWINS"):
+        pytest.skip(f"{name} has no twins module of its own")
+    twins = importlib.import_module(mod.TWINS)
+    ops = {k: op for k, op in vars(mod).items() if hasattr(op, "numpy") and op.__module__ == mod.__name__}
+    assert ops and set(twins.TWINS) == set(ops)
+    for k, op in ops.items():
+        assert inspect.signature(getattr(twins, k)).parameters.keys() == inspect.signature(op.numpy).parameters.keys(), k
+    with kernels.enabled():
+        assert all(ly.FAST[k] is getattr(twins, k) for k in ops)
 
 
 @pytest.mark.parametrize("name", FAMILIES)

@@ -41,7 +41,8 @@ def registered(registry):
     return {entry if isinstance(entry, str) else entry[0] for entry in registry.values()}
 
 
-FAMILY_MODULES = registered(models.FAMILIES)        # bayesattn, mlp_baseline
+FAMILY_MODULES = registered(models.FAMILIES)        # bayesattn, mlp_baseline, lstm, mamba
+TWIN_MODULES = {models.module(name).TWINS for name in models.FAMILIES if hasattr(models.module(name), "TWINS")}
 TASK_MODULES = registered(tasks.TASKS) | {"sticky"}   # the token wind tunnels, and Paper II's chain
 
 
@@ -49,7 +50,7 @@ def import_graph():
     """module -> the project modules it imports; a registry also "imports" every module it loads by name
     (importlib), so a member that imported its registry would show up as a cycle."""
     graph = {m: project_imports(m) for m in MODULES}
-    graph["models"] |= FAMILY_MODULES
+    graph["models"] |= FAMILY_MODULES | TWIN_MODULES      # models.family() loads a family's twins with it
     graph["tasks"] |= registered(tasks.TASKS)
     return graph
 
@@ -107,6 +108,9 @@ def test_each_layer_imports_only_what_lies_below_it():
     assert graph["layers"] == set() and graph["kernels"] == {"layers"}    # the leaves of the model code
     for family in FAMILY_MODULES:        # a family is its math on layers.py: no twins, no registry, no data
         assert graph[family] <= {"layers"}, f"{family} imports {graph[family] - {'layers'}}"
+    assert {"lstm_twins", "mamba_twins"} <= TWIN_MODULES <= MODULES, TWIN_MODULES
+    for twins in TWIN_MODULES:           # a family's twins: the Numba machinery of kernels.py, nothing above it
+        assert graph[twins] <= {"kernels", "layers"}, f"{twins} imports {graph[twins]}"
     assert graph["models"] <= {"layers"}, graph["models"]   # the families come in by name, not by import
     assert graph["tasks"] == set(), graph["tasks"]           # the tasks likewise
     assert graph["windtunnels"] == set(), graph["windtunnels"]   # the shared math of every wind tunnel
@@ -165,7 +169,7 @@ def test_the_switch_does_not_leak(monkeypatch):
         assert called == []
 
     with kernels.enabled():
-        assert set(layers.FAST) == set(kernels.TWINS)
+        assert set(layers.FAST) == set(kernels.twins())      # kernels.py's and the loaded families' twins
         assert all(layers.FAST[name] is getattr(kernels, name) for name in kernels.TWINS)
         np.testing.assert_allclose(layers.softmax(x), [[0.25, 0.75]])
         assert called == ["softmax"]
@@ -179,7 +183,7 @@ def test_the_switch_does_not_leak(monkeypatch):
 
     with pytest.raises(RuntimeError, match="inside the block"):
         with kernels.enabled():
-            assert set(layers.FAST) == set(kernels.TWINS)
+            assert set(layers.FAST) == set(kernels.twins())
             raise RuntimeError("inside the block")
     assert layers.FAST == before
     if not before:

@@ -50,8 +50,8 @@ def load(path):
 
 @pytest.mark.parametrize("args, expected", [
     (["--task", "bijektion"], "--task 'bijektion': allowed are bijection, sawtooth, hmm, sticky"),
-    (["--model", "rnn"], "--model 'rnn': allowed are transformer, mlp, prefix-mlp"),
-    (["--baseline", "lstm"], "--baseline 'lstm': allowed are transformer, mlp, prefix-mlp"),
+    (["--model", "rnn"], "--model 'rnn': allowed are transformer, mlp, prefix-mlp, lstm, ssm"),
+    (["--baseline", "gru"], "--baseline 'gru': allowed are transformer, mlp, prefix-mlp, lstm, ssm"),
     (["--init", "zeros"], "--init 'zeros': allowed are gpt2, fan-in"),
     (["--task", "hmm", "--V", "10"], "--V does not apply to --task hmm (it belongs to --task bijection and --task sawtooth)"),
     (["--K", "10"], "--K does not apply to --task bijection (it belongs to --task hmm)"),
@@ -576,7 +576,7 @@ def test_well_formed_archives_with_the_wrong_content_are_refused(tmp_path):
                 "missing": "parameter 'unembed.b' is missing", "extra": "parameter 'stray' is not part of its config",
                 "nomodel": "checkpoint 'nomodel.npz' does not name its model in its meta",
                 "unknown": "checkpoint 'unknown.npz' holds a model 'rnn', which is not registered (known: "
-                           "transformer, mlp, prefix-mlp)"}
+                           "transformer, mlp, prefix-mlp, lstm, ssm)"}
     for name, (p, m) in cases.items():
         checkpoints.save_checkpoint(str(tmp_path / f"{name}.npz"), p, cfg, meta=m)
         assert_clear_error(run(["--eval-only", f"{name}.npz"], tmp_path), messages[name])
