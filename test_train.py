@@ -296,9 +296,41 @@ def test_threads_flag_sets_numbas_thread_count_for_the_run_only(tmp_path, monkey
         numba.set_num_threads(2)
         train.main([*QUICK, "--steps", "2", "--threads", "1", "--out", str(tmp_path / "t"),
                     "--figures", str(tmp_path / "figures")])
-        assert seen == [1, 1] and numba.get_num_threads() == 2
+        assert seen == [1, 1, 1] and numba.get_num_threads() == 2      # the compile step, then two steps
     finally:
         numba.set_num_threads(before)
+
+
+def test_compile_time_is_not_training_time(tmp_path, monkeypatch, capsys):
+    """Numba compiles each kernel at its first call (half a minute on a cold cache): a first call made 1.5 s slower
+    stands in for it. It happens in the thrown-away compile step, before the clock starts: metrics' seconds and
+    log.csv's times count training only, the compile time is printed apart, and the step changes no weight."""
+    import train
+    calls = []
+    real = models.loss_and_grads
+
+    def first_call_slow(*a, **k):
+        calls.append(1)
+        if len(calls) == 1:
+            time.sleep(1.5)
+        return real(*a, **k)
+    monkeypatch.setattr(models, "loss_and_grads", first_call_slow)
+    out = tmp_path / "c"
+    train.main([*QUICK, "--steps", "3", "--out", str(out), "--figures", str(tmp_path / "figures")])
+    assert len(calls) == 4                                          # the compile step and three steps
+    assert json.loads((out / "metrics.json").read_text())["seconds"] < 1.0
+    log = np.loadtxt(out / "log.csv", delimiter=",", skiprows=1)
+    assert log[0, 5] < 1.0, log[:, 5]                               # step 1's time: no compile in it
+    assert "s compiling the Numba kernels before it, not counted" in capsys.readouterr().out
+
+    cfg = models.make_config("transformer", vocab_size=7, n_classes=5, max_len=5, d_model=8, n_layers=1, n_heads=2)
+    params = models.init_params("transformer", cfg, 0)
+    before = {k: v.copy() for k, v in params.items()}
+    state = optim.adamw_init(params)
+    rng = np.random.default_rng(0)
+    seconds = training.compile_step(lambda p, tok, tgt, m: real("transformer", p, tok, tgt, m, cfg), params, state,
+                                    rng.integers(0, 7, (2, 5)), rng.integers(0, 5, (2, 5)), np.ones((2, 5)), 0.01)
+    assert seconds > 0 and state["t"] == 0 and all(np.array_equal(before[k], params[k]) for k in params)
 
 
 @pytest.mark.parametrize("task", ["bijection", "hmm"])

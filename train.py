@@ -569,8 +569,9 @@ def token_run(args, sizes, cfg):
     print(f"{args.task}: {sizes_line}; {' then '.join(f'{p[6]} steps' for p in phases)} of batch {args.batch}, "
           f"{'soft posterior' if args.soft else 'sampled'} targets, run dir {args.out}")
     cost = {p[0]: float(models.step_flops(p[0], p[1], args.batch, sizes["max_len"])) for p in phases}
-    bar = None if args.quiet else progress_bar(
-        sum(cost[p[0]] * max(0, min(p[6], args.stop_after or p[6]) - p[5]) for p in phases), args.task)
+    bar = None if args.quiet else progress_bar(sum(cost[p[0]] * max(0, p[6] - p[5]) for p in phases), args.task,
+                                               args.stop_after)
+    compile_seconds = compile_kernels(args, phases, bar)
     results, traces = {}, None
     try:
         for name, mcfg, prm, opt_state, start, main_model, steps in phases:
@@ -583,6 +584,8 @@ def token_run(args, sizes, cfg):
                 print(f"\ninterrupted after step {step}: checkpoint saved; continue with --resume", file=sys.stderr)
                 sys.exit(130)
             if step < steps:
+                if bar is not None:
+                    bar.close()                                  # the message on a line of its own
                 print(f"stopped at step {step} of {steps} (--stop-after); continue with "
                       f"python train.py --resume --out {args.out} and the same flags, without --stop-after")
                 return results
@@ -610,17 +613,41 @@ def token_run(args, sizes, cfg):
     for name, m in results.items():
         extra = f", length generalisation KL {m['length_generalization']}" if "length_generalization" in m else ""
         print(f"{name}: {m['seconds']} s of training{extra}")
+    if compile_seconds >= 1.0:
+        print(f"(and {compile_seconds:.0f} s compiling the Numba kernels before it, not counted: they are cached "
+              f"for the next run)")
     return results
 
 
-def progress_bar(total, desc):
+def progress_bar(total, desc, stop_after=None):
     """One progress bar, and one estimate of the time left, for all the training of the command: each model
     advances it by its estimated cost per step (models.step_flops) at every step, so the rate measured so
-    far prices the steps still to come of every model."""
+    far prices the steps still to come of every model. It first says the kernels are compiling
+    (compile_kernels starts the clock after); with --stop-after it shows the share of the whole run done."""
     from tqdm import tqdm
-    return tqdm(total=total, desc=desc, dynamic_ncols=True, mininterval=1.0,
-                bar_format="{desc}: {percentage:3.0f}% |{bar}| {elapsed} so far, about {remaining} left for the "
-                           "training of the whole command{postfix}")
+    bar = tqdm(total=total, desc=desc, dynamic_ncols=True, mininterval=1.0,
+               bar_format="{desc}: compiling the Numba kernels before training (not counted as training; cached "
+                          "for the next run)")
+    what = f"the run (this command stops at step {stop_after})" if stop_after else "the whole command"
+    bar.training_format = ("{desc}: {percentage:3.0f}% |{bar}| {elapsed} so far, about {remaining} left for the "
+                           "training of " + what + "{postfix}")
+    return bar
+
+
+def compile_kernels(args, phases, bar):
+    """One thrown-away training step of every model of the run (training.compile_step), so that Numba compiles
+    its kernels before any clock starts; then the bar starts from zero. -> seconds it took."""
+    seconds = 0.0
+    for name, mcfg, prm, opt_state, start, main_model, steps in phases:
+        batch = tasks.sample(args.task, np.random.default_rng((args.seed, start)), args.batch, args.settings, start)
+        seconds += training.compile_step(lambda p, tok, tgt, m: models.loss_and_grads(name, p, tok, tgt, m, mcfg),
+                                         prm, opt_state or optim.adamw_init(prm), batch["tokens"],
+                                         batch["posterior"] if args.soft else batch["targets"], batch["mask"],
+                                         args.weight_decay, models.decay_set(name, prm))
+    if bar is not None:
+        bar.bar_format = bar.training_format
+        bar.reset(total=bar.total)
+    return seconds
 
 
 def available_memory_bytes():
