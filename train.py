@@ -78,7 +78,8 @@ FLAGS = [
     dict(flag="--baseline-steps", type=int, check=positive, where=TOKEN, preset=True, run=True, legacy="any",
          help="the baseline's training steps (default: from the preset, else --steps)"),
     dict(flag="--preset", type=str, default="default", choices=lambda a: presets_of(a), where=(*TOKEN, "sticky:compare-em"),
-         help="quick | default | paper (the token tasks; first for the sawtooth) | quick (--compare-em at toy size)"),
+         help="the token tasks: quick | default | paper, and first for the sawtooth; --task sticky --compare-em: "
+         "default | quick (toy size)"),
     dict(flag="--steps", type=int, check=positive, preset=True, run=True, help="training steps (default: from the preset)"),
     dict(flag="--batch", type=int, check=positive, where=TOKEN, preset=True, run=True, help="sequences per step"),
     dict(flag="--width", field="d_model", type=int, check=positive, where=TOKEN, preset=True,
@@ -611,8 +612,7 @@ def token_run(args, sizes, cfg):
     elif results and not args.no_geometry:
         print(f"geometry: skipped: the probes read a transformer's attention, which --model {args.model} does not have")
     for name, m in results.items():
-        extra = f", length generalisation KL {m['length_generalization']}" if "length_generalization" in m else ""
-        print(f"{name}: {m['seconds']} s of training{extra}")
+        print(f"{name}: {m['seconds']:.1f} s of training")
     if compile_seconds >= 1.0:
         print(f"(and {compile_seconds:.0f} s compiling the Numba kernels before it, not counted: they are cached "
               f"for the next run)")
@@ -760,7 +760,7 @@ def paper_two(args):
     except training.Interrupted as e:                        # Ctrl-C, SIGTERM, SIGHUP: nothing half-written
         print(f"\n{e}", file=sys.stderr)
         sys.exit(130)
-    print(json.dumps({k: v for k, v in metrics.items() if not isinstance(v, (list, dict))}, indent=1))
+    print(dynamics.sticky_table(metrics, os.path.join(args.out, "sticky_metrics.json")))
     return metrics
 
 
