@@ -28,38 +28,54 @@ def _save(fig, path, dpi=120):
 # training runs: calibration, single sequences, length generalisation (train.py)
 
 def plot_calibration(results, task, label, path):
-    """Every model's entropy by answer index against the exact posterior's; label: the task's ANSWER_LABEL."""
+    """Every model's entropy by answer index against the exact posterior's (top), and its error |H_model - H_Bayes|
+    on a log scale (bottom), so that 0.002 and 0.02 bits look different; label: the task's ANSWER_LABEL."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    from matplotlib.ticker import MaxNLocator
+    fig, (ax, err) = plt.subplots(2, 1, figsize=(6.4, 6.4), sharex=True,
+                                  gridspec_kw={"height_ratios": (3, 2)})
     first = next(iter(results.values()))
     pos = [r["position"] for r in first["per_position"]]
     ax.plot(pos, [r["H_bayes"] for r in first["per_position"]], "k-", lw=3, alpha=0.35, label="exact Bayes")
     for name, m in results.items():
-        ax.plot(pos, [r["H_model"] for r in m["per_position"]], "o-", ms=3,
-                label=f"{name} (MAE {m['entropy_mae_bits']:.3g} bits)")
-    ax.set_xlabel(label)
-    ax.set_ylabel("predictive entropy (bits)")
+        line, = ax.plot(pos, [r["H_model"] for r in m["per_position"]], "o-", ms=3,
+                        label=f"{name} (paper metric {m['entropy_mae_bits']:.3g} bits)")
+        gap = [max(abs(r["H_model"] - r["H_bayes"]), 1e-6) for r in m["per_position"]]
+        err.semilogy(pos, gap, "o-", ms=3, color=line.get_color(), label=name)
+    ax.set_ylabel("predictive entropy (bits)\n(mean over held-out sequences)")
+    ax.set_ylim(bottom=0)
     ax.set_title(f"{task}: model entropy against the exact posterior")
-    ax.legend(frameon=False)
+    ax.legend(frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=len(results) + 1, fontsize=8)
+    err.set_ylabel("|H_model - H_Bayes| (bits)")
+    err.set_xlabel(label)
+    err.grid(alpha=0.3, which="major")
+    err.xaxis.set_major_locator(MaxNLocator(integer=True))
     fig.tight_layout()
     return _save(fig, path)
 
 
 def plot_traces(traces, task, label, path):
-    """Four held-out sequences: the model's entropy at each answer against that sequence's own posterior."""
+    """Four held-out sequences: the model's entropy at each answer against that sequence's own posterior. Where
+    every sequence has the same posterior entropies (a function of the position alone, as in format a), the
+    title says the panels differ only in the model."""
     plt = _plt()
+    from matplotlib.ticker import MaxNLocator
     fig, axes = plt.subplots(2, 2, figsize=(8, 5), sharex=True, sharey=True)
     for s, ax in enumerate(axes.ravel()):
         x = np.arange(1, traces["h_bayes"].shape[1] + 1)
         ax.plot(x, traces["h_bayes"][s], "k-", lw=3, alpha=0.35, label="this sequence's posterior")
         ax.plot(x, traces["h_model"][s], "o-", ms=3, label="model")
         ax.set_title(f"held-out sequence {s}", fontsize=9)
-    axes[0, 0].legend(frameon=False, fontsize=8)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes[0, 0].legend(frameon=False, fontsize=8, loc="best")
     for ax in axes[1]:
         ax.set_xlabel(label)
     for ax in axes[:, 0]:
         ax.set_ylabel("entropy (bits)")
-    fig.suptitle(f"{task}: single sequences")
+    same = np.allclose(traces["h_bayes"][:4], traces["h_bayes"][0])
+    fig.suptitle(f"{task}: single sequences" + ("\nevery sequence has the same posterior entropy at each position (a "
+                                                "function of the position alone),\nso the panels differ only in the "
+                                                "model" if same else ""), fontsize=10 if same else 12)
     fig.tight_layout()
     return _save(fig, path)
 
@@ -71,16 +87,21 @@ def length_curves(metrics):
 
 
 def plot_length_generalization(curves, path):
+    """The HMM's KL by observation at each evaluated length K (log scale), the training length marked."""
     plt = _plt()
+    from matplotlib.ticker import MaxNLocator
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for K, m in curves.items():
         ax.semilogy([r["position"] for r in m["per_position"]], [max(r["kl"], 1e-7) for r in m["per_position"]],
                     "o-", ms=3, label=f"K = {K} (mean {m['kl_bits']:.2g} bits)")
-    ax.axvline(min(curves), color="gray", ls=":", label="training length")
+    ax.axvline(min(curves), color="gray", ls=":", label=f"training length ({min(curves)})")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("observation t")
     ax.set_ylabel("KL(posterior || model) (bits)")
-    ax.set_title("HMM: length generalisation")
-    ax.legend(frameon=False)
+    ax.set_title("HMM: length generalisation (past the training length, the last\ntrained position's embedding is reused)",
+                 fontsize=10)
+    ax.legend(frameon=False, loc="lower right", fontsize=8)
+    ax.grid(alpha=0.3, which="major")
     fig.tight_layout()
     return _save(fig, path)
 

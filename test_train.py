@@ -398,6 +398,14 @@ def test_eval_only_reads_mlp_checkpoints_and_snapshots(tmp_path):
     for ckpt, name in ((out / "mlp.npz", "mlp"), (sorted((out / "snapshots").iterdir())[-1], "transformer")):
         proc = run(["--eval-only", str(ckpt), "--eval-seqs", "8"], tmp_path)
         assert proc.returncode == 0 and proc.stdout.splitlines()[2].startswith(name + " "), proc.stderr
+        assert not proc.stdout.splitlines()[3].startswith(("mlp", "transformer")), proc.stdout   # that model alone
+    # the run's checkpoint.npz: the baseline beside it too, in the table and in the calibration figure, with the
+    # numbers the run itself wrote
+    proc = run(["--eval-only", str(out / "checkpoint.npz")], tmp_path)
+    lines = proc.stdout.splitlines()
+    assert proc.returncode == 0 and lines[2].startswith("transformer ") and lines[3].startswith("mlp "), proc.stdout
+    written = json.loads((out / "metrics_mlp.json").read_text())
+    assert f"{written['kl_bits']:.4g}" in lines[3].split(), (written["kl_bits"], lines[3])
 
 
 def test_a_resumed_baseline_reports_its_own_training_time(tmp_path):

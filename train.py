@@ -731,14 +731,24 @@ def eval_only(args):
              f"not the {sizes['vocab']} and {sizes['classes']} of task {args.task}")
     cfg = fit_positions(cfg, sizes)
     metrics, traces = evaluate_run(args, name, params, cfg)
-    metrics = dict(task=args.task, model=name, params=models.count_params(params), **metrics)
-    print(summary_table({name: metrics}, tasks.prior_gap_bits(args.task, args.settings)))
+    results = {name: dict(task=args.task, model=name, params=models.count_params(params), **metrics)}
     run_dir = os.path.dirname(os.path.abspath(args.eval_only))
+    if os.path.basename(args.eval_only) == runs.checkpoint_name(name, True):   # the run's main model: its baselines too
+        for family in models.FAMILIES:
+            path = os.path.join(run_dir, runs.checkpoint_name(family, False))
+            if family != name and os.path.exists(path):
+                try:
+                    bparams, bcfg, _, _ = load_checkpoint(path)
+                except ValueError as e:
+                    fail(f"--eval-only: the run's baseline {e}")
+                bmetrics, _ = evaluate_run(args, family, bparams, fit_positions(bcfg, sizes))
+                results[family] = dict(task=args.task, model=family, params=models.count_params(bparams), **bmetrics)
+    print(summary_table(results, tasks.prior_gap_bits(args.task, args.settings)))
     args.figures = args.figures or run_dir
     writable("--figures", args.figures)
-    paths = draw_figures(args, {name: metrics}, traces, args.figures, os.path.basename(run_dir))
+    paths = draw_figures(args, results, traces, args.figures, os.path.basename(run_dir))
     print("figures: " + ", ".join(paths))
-    return metrics
+    return results[name]
 
 
 # ----------------------------------------------------------------------------
