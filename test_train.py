@@ -116,6 +116,21 @@ def test_bad_input_gives_one_clear_line(args, expected, tmp_path):
     assert sorted(os.listdir(out)) == sorted(["checkpoint.npz", "metrics.json", "log.csv", "snapshots", "notes.txt"])
 
 
+def test_the_error_messages_the_readme_quotes_are_the_ones_printed(tmp_path):
+    """Each `train.py: error: ...` the README quotes is printed verbatim by the command that provokes it (a quote
+    added without its command here fails this test)."""
+    import re
+    readme = " ".join(open(os.path.join(HERE, "README.md")).read().split())
+    quoted = re.findall(r"`(train\.py: error: [^`]*)`", readme)
+    provoke = {"--K does not apply to --task bijection": ["--K", "10"]}
+    assert quoted
+    for message in quoted:
+        argv = next(argv for start, argv in provoke.items() if start in message)
+        proc = run(argv, tmp_path)
+        assert_clear_error(proc, message)
+        assert proc.stderr.strip() == message
+
+
 def test_a_size_flag_the_baseline_lacks_stays_valid():
     """--heads sizes the transformer; the baseline is sized by the trainer (capacity-matched), so a flag its
     family lacks is not refused."""
@@ -268,6 +283,25 @@ def test_presets_have_their_documented_sizes(task, preset, documented):
     if documented[-1] is not None:
         cfg = train.model_config(a, tasks.sizes(task, a.settings), "transformer")
         assert models.count_params(models.param_shapes("transformer", cfg)) == documented[-1]
+
+
+def test_an_mlp_is_sized_to_the_model_as_a_baseline_and_by_the_flags_alone():
+    """The README's sizes: on the HMM default, the prefix MLP as the baseline is matched to the transformer's
+    213,445 parameters (width 19: 209,917); trained alone (--model) it takes the preset's width 64 and 4 layers,
+    799,237 parameters, its one-hot grid of 102 positions x 102 tokens being most of them."""
+    import train
+    count = lambda name, cfg: models.count_params(models.param_shapes(name, cfg))
+    a = train.parse_args(["--task", "hmm", "--soft"])
+    sizes = tasks.sizes("hmm", a.settings)
+    transformer = train.model_config(a, sizes, "transformer")
+    matched = train.baseline_config("prefix-mlp", transformer, count("transformer", transformer))
+    assert (count("transformer", transformer), matched.d_model, count("prefix-mlp", matched)) == (213_445, 19, 209_917)
+    alone = train.parse_args(["--task", "hmm", "--soft", "--model", "prefix-mlp"])
+    cfg = train.model_config(alone, sizes, "prefix-mlp")
+    assert (cfg.d_model, cfg.n_layers, count("prefix-mlp", cfg)) == (64, 4, 799_237)
+    assert 102 * 102 * 64 / 799_237 > 0.8
+    narrow = train.parse_args(["--task", "hmm", "--soft", "--model", "prefix-mlp", "--width", "19"])
+    assert count("prefix-mlp", train.model_config(narrow, sizes, "prefix-mlp")) == 209_917
 
 
 def test_presets_set_weight_decay_and_threads_unless_given():
