@@ -116,6 +116,20 @@ def test_bad_input_gives_one_clear_line(args, expected, tmp_path):
     assert sorted(os.listdir(out)) == sorted(["checkpoint.npz", "metrics.json", "log.csv", "snapshots", "notes.txt"])
 
 
+def test_the_bar_of_a_stopped_run_shows_its_share_and_the_message_has_its_own_line(tmp_path):
+    """--stop-after 2 of 5 steps: the bar (on the terminal, stderr and stdout together) ends at 40%, not 100%, after
+    saying it compiled first, and the stop message starts a line of its own instead of being glued to the bar."""
+    out = subprocess.run([sys.executable, os.path.join(HERE, "train.py"), "--preset", "quick", "--no-baseline",
+                          "--no-geometry", "--eval-seqs", "8", "--steps", "5", "--stop-after", "2", "--out",
+                          str(tmp_path / "s")], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, timeout=900).stdout
+    frames = out.replace("\r", "\n").splitlines()
+    bars = [f for f in frames if f.startswith("bijection: ") and "%" in f]
+    assert "compiling the Numba kernels before training" in out and bars and bars[-1].startswith("bijection:  40% |")
+    assert "this command stops at step 2" in bars[-1]
+    assert any(f.startswith("stopped at step 2 of 5 (--stop-after)") for f in frames), frames
+
+
 def test_the_error_messages_the_readme_quotes_are_the_ones_printed(tmp_path):
     """Each `train.py: error: ...` the README quotes is printed verbatim by the command that provokes it (a quote
     added without its command here fails this test)."""

@@ -570,7 +570,7 @@ def token_run(args, sizes, cfg):
     print(f"{args.task}: {sizes_line}; {' then '.join(f'{p[6]} steps' for p in phases)} of batch {args.batch}, "
           f"{'soft posterior' if args.soft else 'sampled'} targets, run dir {args.out}")
     cost = {p[0]: float(models.step_flops(p[0], p[1], args.batch, sizes["max_len"])) for p in phases}
-    bar = None if args.quiet else progress_bar(sum(cost[p[0]] * max(0, p[6] - p[5]) for p in phases), args.task,
+    bar = None if args.quiet else progress_bar(sum(cost[p[0]] * max(0, p[6] - p[4]) for p in phases), args.task,
                                                args.stop_after)
     compile_seconds = compile_kernels(args, phases, bar)
     results, traces = {}, None
