@@ -37,6 +37,9 @@ def test_every_walkthrough_command_runs(tmp_path):
         if "row sums of ds" in block:
             sums = [float(x) for x in re.findall(r"[-+]?\d+\.\d+(?:e[-+]?\d+)?", proc.stdout)]
             assert sums and max(abs(x) for x in sums) < 1e-12, proc.stdout
+        if "|d bk|" in block:                                  # exercise 4: bk's gradient is zero, bq's is not
+            bk, bq = map(float, re.findall(r"= (\S+)", proc.stdout))
+            assert bk < 1e-12 and bq > 1e-3, proc.stdout
         if "by hand" in block:                                 # exercise 6: the forward filter by hand
             rows = [line.split(None, 2)[-1] for line in proc.stdout.splitlines()]
             assert len(rows) == 2 and rows[0] == rows[1] and rows[0].count(".") == 5, proc.stdout
