@@ -67,7 +67,7 @@ def plot_traces(traces, task, label, path):
         ax.plot(x, traces["h_model"][s], "o-", ms=3, label="model")
         ax.set_title(f"held-out sequence {s}", fontsize=9)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    axes[0, 0].legend(frameon=False, fontsize=8, loc="best")
+    fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="lower center", ncol=2, frameon=False, fontsize=8)
     for ax in axes[1]:
         ax.set_xlabel(label)
     for ax in axes[:, 0]:
@@ -76,7 +76,7 @@ def plot_traces(traces, task, label, path):
     fig.suptitle(f"{task}: single sequences" + ("\nevery sequence has the same posterior entropy at each position (a "
                                                 "function of the position alone),\nso the panels differ only in the "
                                                 "model" if same else ""), fontsize=10 if same else 12)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.05, 1, 1))                   # the legend below the panels, off the data
     return _save(fig, path)
 
 
