@@ -410,7 +410,6 @@ def compare_setting(name, seeds, make_data, steps, mstep_steps, reference, log_e
     arms = {"sgd": steps, "em": steps, "mstep": mstep_steps}
     runs = {m: [] for m in arms}
     train_bayes = []
-    compile_head(init_head(seeds[0], dtype="float32"), *make_data(seeds[0]), lr, methods=arms)
     for seed in seeds:
         x, targets = make_data(seed)
         train_bayes.append(bayes_loss_bits(x, targets, chain=reference[3]["chain"]))
@@ -482,6 +481,8 @@ def compare_em(seeds=SEEDS, steps=1000, out_dir=None, quick=False, mstep_steps=N
                           chain=chain, self_transition=float(sticky.task(chain)[0][0, 0]),
                           conditional_entropy_bound_bits=bound)}
 
+    compile_head(init_head(seeds[0], dtype="float32"), *sticky.data(seeds[0], T=short[1], chain=chain), lr,
+                 methods=("sgd", "em", "mstep"))            # before any arm's clock (seconds to the threshold)
     print(f"long chain: T = {T}, full batch, seeds {seeds}", flush=True)
     ref_long = exact_bayes_reference(1.0, **eval_long, chain=chain)
     out["long_chain"], long_runs = compare_setting("long_chain", seeds, lambda s: sticky.data(s, T=T, chain=chain),
