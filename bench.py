@@ -5,6 +5,7 @@
     python bench.py --shapes hmm-paper --repeats 60
     python bench.py --shapes bij-b256         # the earlier bijection paper preset (batch 256)
     python bench.py --tricks                 # what each speed trick of kernels.py buys, per shape
+    python bench.py --sgemm                  # only the machine's one-thread sgemm (seconds): scale the documents' times
 
 A step is training.train_step, the step train.py takes (models.loss_and_grads, clip_grad_norm, adamw_step),
 on the fast path (inside `with kernels.enabled():`). PyTorch gets the same float32 parameters, batch, shapes and thread count
@@ -389,6 +390,8 @@ def parse_args(argv=None):
     p.add_argument("--shapes", help=f"comma-separated subset of {', '.join(SHAPES)}")
     p.add_argument("--profile", action="store_true", help="also print cProfile's hottest functions of our step")
     p.add_argument("--tricks", action="store_true", help="only: the step without each speed trick of kernels.py")
+    p.add_argument("--sgemm", action="store_true", help="only: this machine's one-thread 2048x2048 float32 sgemm "
+                   "in GFLOP/s (seconds), to scale the documents' times")
     args = p.parse_args(argv)
     if args.repeats is None:
         args.repeats = 5 if args.quick else 40
@@ -451,6 +454,10 @@ def main(argv=None):
 
 
 def bench(args):
+    if args.sgemm:                                         # the number the documents' times are scaled by
+        print(f"sgemm 2048x2048 float32, 1 BLAS thread (best of 3 runs): {max(sgemm_gflops(1, 2048, 7) for _ in range(3)):.0f} "
+              f"GFLOP/s  ({load()})")
+        return
     if args.tricks:
         print(f"bench.py --tricks  {load()}  numba {numba.__version__} ({numba.config.NUMBA_NUM_THREADS} threads)  "
               f"repeats {args.repeats}; median ms of one training step, each variant in a fresh process")

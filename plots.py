@@ -28,39 +28,55 @@ def _save(fig, path, dpi=120):
 # training runs: calibration, single sequences, length generalisation (train.py)
 
 def plot_calibration(results, task, label, path):
-    """Every model's entropy by answer index against the exact posterior's; label: the task's ANSWER_LABEL."""
+    """Every model's entropy by answer index against the exact posterior's (top), and its error |H_model - H_Bayes|
+    on a log scale (bottom), so that 0.002 and 0.02 bits look different; label: the task's ANSWER_LABEL."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    from matplotlib.ticker import MaxNLocator
+    fig, (ax, err) = plt.subplots(2, 1, figsize=(6.4, 6.4), sharex=True,
+                                  gridspec_kw={"height_ratios": (3, 2)})
     first = next(iter(results.values()))
     pos = [r["position"] for r in first["per_position"]]
     ax.plot(pos, [r["H_bayes"] for r in first["per_position"]], "k-", lw=3, alpha=0.35, label="exact Bayes")
     for name, m in results.items():
-        ax.plot(pos, [r["H_model"] for r in m["per_position"]], "o-", ms=3,
-                label=f"{name} (MAE {m['entropy_mae_bits']:.3g} bits)")
-    ax.set_xlabel(label)
-    ax.set_ylabel("predictive entropy (bits)")
+        line, = ax.plot(pos, [r["H_model"] for r in m["per_position"]], "o-", ms=3,
+                        label=f"{name} (paper metric {m['entropy_mae_bits']:.3g} bits)")
+        gap = [max(abs(r["H_model"] - r["H_bayes"]), 1e-6) for r in m["per_position"]]
+        err.semilogy(pos, gap, "o-", ms=3, color=line.get_color(), label=name)
+    ax.set_ylabel("predictive entropy (bits)\n(mean over held-out sequences)")
+    ax.set_ylim(bottom=0)
     ax.set_title(f"{task}: model entropy against the exact posterior")
-    ax.legend(frameon=False)
+    ax.legend(frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=len(results) + 1, fontsize=8)
+    err.set_ylabel("|H_model - H_Bayes| (bits)")
+    err.set_xlabel(label)
+    err.grid(alpha=0.3, which="major")
+    err.xaxis.set_major_locator(MaxNLocator(integer=True))
     fig.tight_layout()
     return _save(fig, path)
 
 
 def plot_traces(traces, task, label, path):
-    """Four held-out sequences: the model's entropy at each answer against that sequence's own posterior."""
+    """Four held-out sequences: the model's entropy at each answer against that sequence's own posterior. Where
+    every sequence has the same posterior entropies (a function of the position alone, as in format a), the
+    title says the panels differ only in the model."""
     plt = _plt()
+    from matplotlib.ticker import MaxNLocator
     fig, axes = plt.subplots(2, 2, figsize=(8, 5), sharex=True, sharey=True)
     for s, ax in enumerate(axes.ravel()):
         x = np.arange(1, traces["h_bayes"].shape[1] + 1)
         ax.plot(x, traces["h_bayes"][s], "k-", lw=3, alpha=0.35, label="this sequence's posterior")
         ax.plot(x, traces["h_model"][s], "o-", ms=3, label="model")
         ax.set_title(f"held-out sequence {s}", fontsize=9)
-    axes[0, 0].legend(frameon=False, fontsize=8)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="lower center", ncol=2, frameon=False, fontsize=8)
     for ax in axes[1]:
         ax.set_xlabel(label)
     for ax in axes[:, 0]:
         ax.set_ylabel("entropy (bits)")
-    fig.suptitle(f"{task}: single sequences")
-    fig.tight_layout()
+    same = np.allclose(traces["h_bayes"][:4], traces["h_bayes"][0])
+    fig.suptitle(f"{task}: single sequences" + ("\nevery sequence has the same posterior entropy at each position (a "
+                                                "function of the position alone),\nso the panels differ only in the "
+                                                "model" if same else ""), fontsize=10 if same else 12)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))                   # the legend below the panels, off the data
     return _save(fig, path)
 
 
@@ -71,16 +87,21 @@ def length_curves(metrics):
 
 
 def plot_length_generalization(curves, path):
+    """The HMM's KL by observation at each evaluated length K (log scale), the training length marked."""
     plt = _plt()
+    from matplotlib.ticker import MaxNLocator
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for K, m in curves.items():
         ax.semilogy([r["position"] for r in m["per_position"]], [max(r["kl"], 1e-7) for r in m["per_position"]],
                     "o-", ms=3, label=f"K = {K} (mean {m['kl_bits']:.2g} bits)")
-    ax.axvline(min(curves), color="gray", ls=":", label="training length")
+    ax.axvline(min(curves), color="gray", ls=":", label=f"training length ({min(curves)})")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("observation t")
     ax.set_ylabel("KL(posterior || model) (bits)")
-    ax.set_title("HMM: length generalisation")
-    ax.legend(frameon=False)
+    ax.set_title("HMM: length generalisation (past the training length, the last\ntrained position's embedding is reused)",
+                 fontsize=10)
+    ax.legend(frameon=False, loc="lower right", fontsize=8)
+    ax.grid(alpha=0.3, which="major")
     fig.tight_layout()
     return _save(fig, path)
 
@@ -360,6 +381,7 @@ def _band(ax, xs, ys, label, color):
 def plot_em_vs_sgd(out, path):
     """Loss against steps and seconds, steps to threshold, held-out loss against exact Bayes, a table."""
     plt = _plt()
+    from matplotlib.ticker import MaxNLocator
     fig, axes = plt.subplots(2, 3, figsize=(19, 10.5))
     cfg = out["config"]
     bound = cfg["conditional_entropy_bound_bits"]
@@ -370,8 +392,8 @@ def plot_em_vs_sgd(out, path):
         for m, (label, color) in ARMS.items():
             loss = np.array([r["loss"] for r in out["curves"][setting][m]]) / LN2
             s = summ[m]
-            _band(ax, np.arange(loss.shape[1]), loss, f"{label}: {s['steps_to_threshold_mean']:.0f} ± "
-                  f"{s['steps_to_threshold_std']:.0f} steps to threshold ({s['reached']}/{len(loss)} reached)", color)
+            _band(ax, np.arange(loss.shape[1]), loss, f"{label}: {s['steps_to_threshold_mean']:.3g} ± "
+                  f"{s['steps_to_threshold_std']:.2g} steps to threshold ({s['reached']}/{len(loss)} reached)", color)
         ax.axhline(summ["threshold_bits"], color="k", ls="--", lw=1,
                    label=f"threshold = SGD's mean final loss, {summ['threshold_bits']:.4f}")
         ax.axhline(np.mean(summ["train_bayes_loss_bits"]), color="tab:purple", ls=":", lw=1.5,
@@ -379,13 +401,14 @@ def plot_em_vs_sgd(out, path):
         ax.axhline(bound, color="tab:gray", ls="-.", lw=1, label=f"H(Y_t+1 | Y_t) = {bound:.4f}")
         ax.set(xlabel="training step (full batch)", ylabel="training cross-entropy (bits / token)",
                title=f"One head, {title}: mean ± std, {len(summ['per_seed'])} seeds")
-        ax.legend(fontsize=7.5, loc="lower left")
+        ax.legend(fontsize=7.5, loc="best")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
     ax = axes[0, 1]
     for m, (label, color) in ARMS.items():
         for k, r in enumerate(out["curves"]["long_chain"][m]):
             ax.plot(r["seconds"], np.asarray(r["loss"]) / LN2, color=color, lw=1, alpha=0.7,
-                    label=f"{label}, {out['long_chain'][m]['seconds_per_step_median'] * 1e3:.0f} ms / step" if k == 0 else None)
+                    label=f"{label}, {out['long_chain'][m]['seconds_per_step_median'] * 1e3:.2g} ms / step" if k == 0 else None)
     ax.axhline(out["long_chain"]["threshold_bits"], color="k", ls="--", lw=1, label="threshold")
     ax.set(xlabel="compute seconds (logging excluded; a shared 2-core CPU)", ylabel="training cross-entropy (bits / token)",
            title="Long chain against compute time (one line per seed)")
@@ -423,7 +446,7 @@ def plot_em_vs_sgd(out, path):
             label, color = ARMS[m]
             vals = [row[m]["heldout_loss_bits"] for row in out[setting]["per_seed"]]
             p = 4 * j + i
-            ax.bar(p, np.mean(vals), 0.8, color=color, alpha=0.6, edgecolor="k", lw=0.5,
+            ax.bar(p, min(np.mean(vals), top), 0.8, color=color, alpha=0.6, edgecolor="k", lw=0.5,
                    label=label if j == 0 else None)
             ax.plot([p] * len(vals), vals, "k.", ms=4)
             ax.text(p, min(np.mean(vals), top) + 0.01, f"{np.mean(vals):.3f}", ha="center", va="bottom", fontsize=8)
@@ -433,10 +456,10 @@ def plot_em_vs_sgd(out, path):
                   label="H(Y_t+1 | Y_t)" if j == 0 else None)
     ax.axhline(3.0, color="k", lw=0.5, ls=":")
     ax.set_xticks([1, 5], ["long chain", "short sequences"])
-    ax.set_ylim(2.6, top + 0.1)
+    ax.set_ylim(2.6, top + 0.1 + 0.12 * (top - 2.6))                 # the legend's band, above every bar
     ax.set(ylabel="held-out cross-entropy (bits / token)",
-           title=f"Held-out chains (seed {cfg['eval_seed']}) vs exact Bayes; dots: seeds")
-    ax.legend(fontsize=8)
+           title=f"Held-out chains (seed {cfg['eval_seed']}) vs exact Bayes; dots: seeds; bars clipped at {top:g}")
+    ax.legend(fontsize=7, loc="upper center", ncol=3)
     ax.grid(alpha=0.3, axis="y")
     ax = axes[1, 2]
     ax.axis("off")
@@ -448,8 +471,8 @@ def plot_em_vs_sgd(out, path):
             t = s[m]
             p_steps = t["paired_steps_vs_sgd"]
             p_loss = t["paired_final_loss_vs_sgd"]
-            lines.append(f"  {m:5s} steps {t['steps_to_threshold_mean']:.0f} ± {t['steps_to_threshold_std']:.0f}"
-                         f"  x{t['speedup_steps']:.2f} in steps, x{t['speedup_seconds']:.2f} in seconds")
+            lines.append(f"  {m:5s} steps {t['steps_to_threshold_mean']:.3g} ± {t['steps_to_threshold_std']:.2g}"
+                         f"  {t['speedup_steps']:.3g}x sooner in steps, {t['speedup_seconds']:.3g}x in seconds")
             lines.append(f"        paired t on final loss p = {p_loss['ttest_rel'].get('p', float('nan')):.2g},"
                          f" on steps p = {p_steps['ttest_rel'].get('p', float('nan')):.2g}"
                          f" (Wilcoxon {p_steps['wilcoxon'].get('p', float('nan')):.2g})")

@@ -103,3 +103,12 @@ def test_main_leaves_the_switch_as_it_found_it(monkeypatch):
         bench.main(["--quick"])
     assert set(seen[0]) == set(kernels.twins()) and all(seen[0][n] is getattr(kernels, n) for n in kernels.TWINS)
     assert layers.FAST == before
+
+
+def test_sgemm_alone_prints_one_line_in_gflops():
+    """`python bench.py --sgemm`: the one number the documents' times are scaled by, in one line."""
+    out = run_bench("--sgemm")
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 1 and re.fullmatch(r"sgemm 2048x2048 float32, 1 BLAS thread \(best of 3 runs\): [1-9]\d* "
+                                            r"GFLOP/s  \(load [\d.]+ [\d.]+ [\d.]+\)", lines[0]), lines

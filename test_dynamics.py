@@ -387,3 +387,26 @@ def test_sticky_command_line_bad_input_gives_one_line(args, expected, tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and expected in lines[0], proc.stderr
     assert os.listdir(tmp_path) == []                               # nothing written
+
+
+def test_the_printed_summaries_read_as_a_paper_prints_them():
+    """compare_em's summary and the one-head run's table: means to three digits (4.5 steps, not '4'), the authors'
+    ratio as '4.44x sooner', p-values to two digits or 'n/a', never a repr (no 17-digit float, no None)."""
+    arm = lambda mean, std, p_loss, p_steps: dict(steps_to_threshold_mean=mean, steps_to_threshold_std=std,
+                                                  speedup_steps=20 / mean,
+                                                  paired_final_loss_vs_sgd={"ttest_rel": {"p": p_loss}},
+                                                  paired_steps_vs_sgd={"ttest_rel": {"p": p_steps}})
+    setting = dict(sgd=dict(steps_to_threshold_mean=14.0), em=arm(4.5, 2.5, 0.08012211978749083, None),
+                   mstep=arm(1.0, 0.0, 0.0008363884267981667, 0.27527933965368806))
+    text = dy.summary_lines(dict(config=dict(seeds=(42, 2024)), long_chain=setting, short_sequences=setting), 20)
+    assert "EM-like: 4.5 ± 2.5 steps, 4.44x sooner; paired t-test against SGD: p = 0.08 on the final losses, n/a " \
+           "on the steps" in text
+    assert "true M-step: 1 ± 0 steps, 20x sooner" in text and "p = 0.00084 on the final losses, 0.28 on" in text
+    assert "SGD's own seeds 14" in text and "None" not in text and "0.0801" not in text
+    m = dict(chain="exact", lr=0.01, steps=1000, T=2000, seed=0, sigma=1.0, seconds=12.34, train_loss_first_bits=3.0012,
+             train_loss_final_bits=2.95, loss_bits=2.9634567, train_bayes_loss_bits=2.74, bayes_loss_bits=2.7355,
+             conditional_entropy_bound_bits=2.717, kl_bits=0.2774, eval_chains=8, eval_T=2000)
+    table = dy.sticky_table(m).splitlines()
+    assert table[0].endswith("1,000 full-batch steps on one chain of T = 2,000 (seed 0, input noise sigma 1): 12.3 s "
+                             "of training")
+    assert table[3].split()[-2:] == ["2.9500", "2.9635"] and table[6].split()[-1] == "0.2774"

@@ -116,6 +116,35 @@ def test_bad_input_gives_one_clear_line(args, expected, tmp_path):
     assert sorted(os.listdir(out)) == sorted(["checkpoint.npz", "metrics.json", "log.csv", "snapshots", "notes.txt"])
 
 
+def test_the_bar_of_a_stopped_run_shows_its_share_and_the_message_has_its_own_line(tmp_path):
+    """--stop-after 2 of 5 steps: the bar (on the terminal, stderr and stdout together) ends at 40%, not 100%, after
+    saying it compiled first, and the stop message starts a line of its own instead of being glued to the bar."""
+    out = subprocess.run([sys.executable, os.path.join(HERE, "train.py"), "--preset", "quick", "--no-baseline",
+                          "--no-geometry", "--eval-seqs", "8", "--steps", "5", "--stop-after", "2", "--out",
+                          str(tmp_path / "s")], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, timeout=900).stdout
+    frames = out.replace("\r", "\n").splitlines()
+    bars = [f for f in frames if f.startswith("bijection: ") and "%" in f]
+    assert "compiling the Numba kernels before training" in out and bars and bars[-1].startswith("bijection:  40% |")
+    assert "this command stops at step 2" in bars[-1]
+    assert any(f.startswith("stopped at step 2 of 5 (--stop-after)") for f in frames), frames
+
+
+def test_the_error_messages_the_readme_quotes_are_the_ones_printed(tmp_path):
+    """Each `train.py: error: ...` the README quotes is printed verbatim by the command that provokes it (a quote
+    added without its command here fails this test)."""
+    import re
+    readme = " ".join(open(os.path.join(HERE, "README.md")).read().split())
+    quoted = re.findall(r"`(train\.py: error: [^`]*)`", readme)
+    provoke = {"--K does not apply to --task bijection": ["--K", "10"]}
+    assert quoted
+    for message in quoted:
+        argv = next(argv for start, argv in provoke.items() if start in message)
+        proc = run(argv, tmp_path)
+        assert_clear_error(proc, message)
+        assert proc.stderr.strip() == message
+
+
 def test_a_size_flag_the_baseline_lacks_stays_valid():
     """--heads sizes the transformer; the baseline is sized by the trainer (capacity-matched), so a flag its
     family lacks is not refused."""
@@ -270,6 +299,25 @@ def test_presets_have_their_documented_sizes(task, preset, documented):
         assert models.count_params(models.param_shapes("transformer", cfg)) == documented[-1]
 
 
+def test_an_mlp_is_sized_to_the_model_as_a_baseline_and_by_the_flags_alone():
+    """The README's sizes: on the HMM default, the prefix MLP as the baseline is matched to the transformer's
+    213,445 parameters (width 19: 209,917); trained alone (--model) it takes the preset's width 64 and 4 layers,
+    799,237 parameters, its one-hot grid of 102 positions x 102 tokens being most of them."""
+    import train
+    count = lambda name, cfg: models.count_params(models.param_shapes(name, cfg))
+    a = train.parse_args(["--task", "hmm", "--soft"])
+    sizes = tasks.sizes("hmm", a.settings)
+    transformer = train.model_config(a, sizes, "transformer")
+    matched = train.baseline_config("prefix-mlp", transformer, count("transformer", transformer))
+    assert (count("transformer", transformer), matched.d_model, count("prefix-mlp", matched)) == (213_445, 19, 209_917)
+    alone = train.parse_args(["--task", "hmm", "--soft", "--model", "prefix-mlp"])
+    cfg = train.model_config(alone, sizes, "prefix-mlp")
+    assert (cfg.d_model, cfg.n_layers, count("prefix-mlp", cfg)) == (64, 4, 799_237)
+    assert 102 * 102 * 64 / 799_237 > 0.8
+    narrow = train.parse_args(["--task", "hmm", "--soft", "--model", "prefix-mlp", "--width", "19"])
+    assert count("prefix-mlp", train.model_config(narrow, sizes, "prefix-mlp")) == 209_917
+
+
 def test_presets_set_weight_decay_and_threads_unless_given():
     import train
     paper = train.parse_args(["--preset", "paper"])
@@ -296,9 +344,41 @@ def test_threads_flag_sets_numbas_thread_count_for_the_run_only(tmp_path, monkey
         numba.set_num_threads(2)
         train.main([*QUICK, "--steps", "2", "--threads", "1", "--out", str(tmp_path / "t"),
                     "--figures", str(tmp_path / "figures")])
-        assert seen == [1, 1] and numba.get_num_threads() == 2
+        assert seen == [1, 1, 1] and numba.get_num_threads() == 2      # the compile step, then two steps
     finally:
         numba.set_num_threads(before)
+
+
+def test_compile_time_is_not_training_time(tmp_path, monkeypatch, capsys):
+    """Numba compiles each kernel at its first call (half a minute on a cold cache): a first call made 1.5 s slower
+    stands in for it. It happens in the thrown-away compile step, before the clock starts: metrics' seconds and
+    log.csv's times count training only, the compile time is printed apart, and the step changes no weight."""
+    import train
+    calls = []
+    real = models.loss_and_grads
+
+    def first_call_slow(*a, **k):
+        calls.append(1)
+        if len(calls) == 1:
+            time.sleep(1.5)
+        return real(*a, **k)
+    monkeypatch.setattr(models, "loss_and_grads", first_call_slow)
+    out = tmp_path / "c"
+    train.main([*QUICK, "--steps", "3", "--out", str(out), "--figures", str(tmp_path / "figures")])
+    assert len(calls) == 4                                          # the compile step and three steps
+    assert json.loads((out / "metrics.json").read_text())["seconds"] < 1.0
+    log = np.loadtxt(out / "log.csv", delimiter=",", skiprows=1)
+    assert log[0, 5] < 1.0, log[:, 5]                               # step 1's time: no compile in it
+    assert "s compiling the Numba kernels before it, not counted" in capsys.readouterr().out
+
+    cfg = models.make_config("transformer", vocab_size=7, n_classes=5, max_len=5, d_model=8, n_layers=1, n_heads=2)
+    params = models.init_params("transformer", cfg, 0)
+    before = {k: v.copy() for k, v in params.items()}
+    state = optim.adamw_init(params)
+    rng = np.random.default_rng(0)
+    seconds = training.compile_step(lambda p, tok, tgt, m: real("transformer", p, tok, tgt, m, cfg), params, state,
+                                    rng.integers(0, 7, (2, 5)), rng.integers(0, 5, (2, 5)), np.ones((2, 5)), 0.01)
+    assert seconds > 0 and state["t"] == 0 and all(np.array_equal(before[k], params[k]) for k in params)
 
 
 @pytest.mark.parametrize("task", ["bijection", "hmm"])
@@ -366,6 +446,14 @@ def test_eval_only_reads_mlp_checkpoints_and_snapshots(tmp_path):
     for ckpt, name in ((out / "mlp.npz", "mlp"), (sorted((out / "snapshots").iterdir())[-1], "transformer")):
         proc = run(["--eval-only", str(ckpt), "--eval-seqs", "8"], tmp_path)
         assert proc.returncode == 0 and proc.stdout.splitlines()[2].startswith(name + " "), proc.stderr
+        assert not proc.stdout.splitlines()[3].startswith(("mlp", "transformer")), proc.stdout   # that model alone
+    # the run's checkpoint.npz: the baseline beside it too, in the table and in the calibration figure, with the
+    # numbers the run itself wrote
+    proc = run(["--eval-only", str(out / "checkpoint.npz")], tmp_path)
+    lines = proc.stdout.splitlines()
+    assert proc.returncode == 0 and lines[2].startswith("transformer ") and lines[3].startswith("mlp "), proc.stdout
+    written = json.loads((out / "metrics_mlp.json").read_text())
+    assert f"{written['kl_bits']:.4g}" in lines[3].split(), (written["kl_bits"], lines[3])
 
 
 def test_a_resumed_baseline_reports_its_own_training_time(tmp_path):

@@ -1,6 +1,8 @@
-"""WALKTHROUGH.md's commands, run in order as a student would (each takes under a minute), so the
-document cannot drift from the code. They run in a temporary folder with the repository on the path."""
+"""WALKTHROUGH.md's commands, run in order as a student would (each takes under a minute), and the answers of
+its exercises checked against what they print and write, so the document cannot drift from the code. They run
+in a temporary folder with the repository on the path."""
 
+import json
 import os
 import re
 import subprocess
@@ -16,7 +18,7 @@ def blocks():
 
 
 def test_the_walkthrough_has_commands_for_every_section():
-    assert len(blocks()) >= 10
+    assert len(blocks()) >= 12
 
 
 def test_every_walkthrough_command_runs(tmp_path):
@@ -35,3 +37,24 @@ def test_every_walkthrough_command_runs(tmp_path):
         if "row sums of ds" in block:
             sums = [float(x) for x in re.findall(r"[-+]?\d+\.\d+(?:e[-+]?\d+)?", proc.stdout)]
             assert sums and max(abs(x) for x in sums) < 1e-12, proc.stdout
+        if "|d bk|" in block:                                  # exercise 4: bk's gradient is zero, bq's is not
+            bk, bq = map(float, re.findall(r"= (\S+)", proc.stdout))
+            assert bk < 1e-12 and bq > 1e-3, proc.stdout
+        if "by hand" in block:                                 # exercise 6: the forward filter by hand
+            rows = [line.split(None, 2)[-1] for line in proc.stdout.splitlines()]
+            assert len(rows) == 2 and rows[0] == rows[1] and rows[0].count(".") == 5, proc.stdout
+        if "geometry.py" not in block:                         # printed as a paper would: no -0, None, 17 digits
+            assert not re.search(r"-0\.?0*(?![.\d])|\bNone\b|\d\.\d{9,}", proc.stdout), proc.stdout
+    metrics = lambda name: json.loads((tmp_path / "runs" / name / "metrics.json").read_text())
+    # exercise 2: at the same 60 steps, the soft targets' KL is below the sampled ones'
+    assert metrics("walkthrough-soft")["kl_bits"] < metrics("walkthrough-sampled")["kl_bits"]
+    # exercise 3: the authors' MLP lands on the prior's gap of the sawtooth (1.849 bits)
+    mlp = metrics("walkthrough-mlp")
+    assert mlp["model"] == "mlp" and abs(mlp["entropy_mae_bits"] - mlp["prior_gap_bits"]) < 0.03, mlp["entropy_mae_bits"]
+    assert abs(mlp["prior_gap_bits"] - 1.849) < 1e-3
+    # exercise 5: the EM-like arm reaches SGD's final loss in fewer steps than SGD's budget, a true M-step in one
+    dyn = json.loads((tmp_path / "runs" / "walkthrough-dynamics" / "dynamics.json").read_text())
+    for setting in ("long_chain", "short_sequences"):
+        em, mstep = dyn[setting]["em"], dyn[setting]["mstep"]
+        assert em["steps_to_threshold_mean"] < dyn["config"]["steps"] and em["speedup_steps"] > 1, em
+        assert mstep["steps_to_threshold_mean"] == 1, mstep

@@ -22,6 +22,7 @@ def test_entropy_and_kl_bits():
     p = np.array([[0.5, 0.5, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0], [0.25] * 4])  # (3, 4)
     np.testing.assert_allclose(wt.entropy_bits(p), [1.0, 0.0, 2.0])
     np.testing.assert_allclose(wt.entropy_bits(p.T, axis=0), [1.0, 0.0, 2.0])
+    assert not np.signbit(wt.entropy_bits(p)[1]) and str(np.round(wt.entropy_bits(p), 3)) == "[1. 0. 2.]"  # no "-0."
     q = np.full(4, 0.25)
     np.testing.assert_allclose(wt.kl_bits(p, q), [1.0, 2.0, 0.0], atol=1e-15)
     np.testing.assert_allclose(wt.kl_bits(p, p), 0.0, atol=1e-15)

@@ -20,7 +20,6 @@ os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
 import argparse  # noqa: E402
 import csv  # noqa: E402
-import json  # noqa: E402
 import math  # noqa: E402
 import re  # noqa: E402
 import sys  # noqa: E402
@@ -81,7 +80,8 @@ FLAGS = [
     dict(flag="--baseline-steps", type=int, check=positive, where=TOKEN, preset=True, run=True, legacy="any",
          help="the baseline's training steps (default: from the preset, else --steps)"),
     dict(flag="--preset", type=str, default="default", choices=lambda a: presets_of(a), where=(*TOKEN, "sticky:compare-em"),
-         help="quick | default | paper (the token tasks; first for the sawtooth) | quick (--compare-em at toy size)"),
+         help="the token tasks: quick | default | paper, and first for the sawtooth; --task sticky --compare-em: "
+         "default | quick (toy size)"),
     dict(flag="--steps", type=int, check=positive, preset=True, run=True, help="training steps (default: from the preset)"),
     dict(flag="--batch", type=int, check=positive, where=TOKEN, preset=True, run=True, help="sequences per step"),
     dict(flag="--width", field="d_model", type=int, check=positive, where=TOKEN, preset=True,
@@ -632,8 +632,9 @@ def token_run(args, sizes, cfg):
     print(f"{args.task}: {sizes_line}; {' then '.join(f'{p[6]} steps' for p in phases)} of batch {args.batch}, "
           f"{'soft posterior' if args.soft else 'sampled'} targets, run dir {args.out}")
     cost = {p[0]: float(models.step_flops(p[0], p[1], args.batch, sizes["max_len"])) for p in phases}
-    bar = None if args.quiet else progress_bar(
-        sum(cost[p[0]] * max(0, min(p[6], args.stop_after or p[6]) - p[5]) for p in phases), args.task)
+    bar = None if args.quiet else progress_bar(sum(cost[p[0]] * max(0, p[6] - p[4]) for p in phases), args.task,
+                                               args.stop_after)
+    compile_seconds = compile_kernels(args, phases, bar)
     results, traces = {}, None
     try:
         for name, mcfg, prm, opt_state, start, main_model, steps in phases:
@@ -651,6 +652,8 @@ def token_run(args, sizes, cfg):
                 print(f"\ninterrupted after step {step}: checkpoint saved; continue with --resume", file=sys.stderr)
                 sys.exit(130)
             if step < steps:
+                if bar is not None:
+                    bar.close()                                  # the message on a line of its own
                 print(f"stopped at step {step} of {steps} (--stop-after); continue with "
                       f"python train.py --resume --out {args.out} and the same flags, without --stop-after")
                 return results
@@ -676,19 +679,42 @@ def token_run(args, sizes, cfg):
     elif results and not args.no_geometry:
         print(f"geometry: skipped: the probes read a transformer's attention, which --model {args.model} does not have")
     for name, m in results.items():
-        extra = f", length generalisation KL {m['length_generalization']}" if "length_generalization" in m else ""
-        print(f"{name}: {m['seconds']} s of training{extra}")
+        print(f"{name}: {m['seconds']:.1f} s of training")
+    if compile_seconds >= 1.0:
+        print(f"(and {compile_seconds:.0f} s compiling the Numba kernels before it, not counted: they are cached "
+              f"for the next run)")
     return results
 
 
-def progress_bar(total, desc):
+def progress_bar(total, desc, stop_after=None):
     """One progress bar, and one estimate of the time left, for all the training of the command: each model
     advances it by its estimated cost per step (models.step_flops) at every step, so the rate measured so
-    far prices the steps still to come of every model."""
+    far prices the steps still to come of every model. It first says the kernels are compiling
+    (compile_kernels starts the clock after); with --stop-after it shows the share of the whole run done."""
     from tqdm import tqdm
-    return tqdm(total=total, desc=desc, dynamic_ncols=True, mininterval=1.0,
-                bar_format="{desc}: {percentage:3.0f}% |{bar}| {elapsed} so far, about {remaining} left for the "
-                           "training of the whole command{postfix}")
+    bar = tqdm(total=total, desc=desc, dynamic_ncols=True, mininterval=1.0,
+               bar_format="{desc}: compiling the Numba kernels before training (not counted as training; cached "
+                          "for the next run)")
+    what = f"the run (this command stops at step {stop_after})" if stop_after else "the whole command"
+    bar.training_format = ("{desc}: {percentage:3.0f}% |{bar}| {elapsed} so far, about {remaining} left for the "
+                           "training of " + what + "{postfix}")
+    return bar
+
+
+def compile_kernels(args, phases, bar):
+    """One thrown-away training step of every model of the run (training.compile_step), so that Numba compiles
+    its kernels before any clock starts; then the bar starts from zero. -> seconds it took."""
+    seconds = 0.0
+    for name, mcfg, prm, opt_state, start, main_model, steps in phases:
+        batch = tasks.sample(args.task, np.random.default_rng((args.seed, start)), args.batch, args.settings, start)
+        seconds += training.compile_step(lambda p, tok, tgt, m: models.loss_and_grads(name, p, tok, tgt, m, mcfg),
+                                         prm, opt_state or optim.adamw_init(prm), batch["tokens"],
+                                         batch["posterior"] if args.soft else batch["targets"], batch["mask"],
+                                         args.weight_decay, models.decay_set(name, prm))
+    if bar is not None:
+        bar.bar_format = bar.training_format
+        bar.reset(total=bar.total)
+    return seconds
 
 
 def load_for_resume(args, name, main, cfg, steps=None):
@@ -815,13 +841,24 @@ def eval_only(args):
         fail(str(e) + ("" if flag == "--figures" or "another --figures" in str(e) else "; give --figures DIR"))
     try:
         metrics, traces = evaluate_run(args, name, params, cfg)
-        metrics = dict(task=args.task, model=name, params=models.count_params(params), **metrics)
-        print(summary_table({name: metrics}, tasks.prior_gap_bits(args.task, args.settings)))
-        paths = draw_figures(args, {name: metrics}, traces, args.figures, os.path.basename(run_dir))
+        results = {name: dict(task=args.task, model=name, params=models.count_params(params), **metrics)}
+        if os.path.basename(args.eval_only) == runs.checkpoint_name(name, True):   # the main model: its baselines too
+            for family in models.FAMILIES:
+                path = os.path.join(run_dir, runs.checkpoint_name(family, False))
+                if family != name and os.path.exists(path):
+                    try:
+                        bparams, bcfg, _, _ = load_checkpoint(path)
+                    except ValueError as e:
+                        fail(f"--eval-only: the run's baseline {e}")
+                    bmetrics, _ = evaluate_run(args, family, bparams, fit_positions(bcfg, sizes))
+                    results[family] = dict(task=args.task, model=family, params=models.count_params(bparams),
+                                           **bmetrics)
+        print(summary_table(results, tasks.prior_gap_bits(args.task, args.settings)))
+        paths = draw_figures(args, results, traces, args.figures, os.path.basename(run_dir))
     finally:
         runs.release(args.figures)
     print("figures: " + ", ".join(paths))
-    return metrics
+    return results[name]
 
 
 # ----------------------------------------------------------------------------
@@ -847,7 +884,7 @@ def paper_two(args):
         sys.exit(130)
     finally:
         runs.release(args.out)
-    print(json.dumps({k: v for k, v in metrics.items() if not isinstance(v, (list, dict))}, indent=1))
+    print(dynamics.sticky_table(metrics, os.path.join(args.out, "sticky_metrics.json")))
     return metrics
 
 

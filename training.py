@@ -47,6 +47,18 @@ def train_step(loss_and_grads, params, opt_state, tokens, targets, mask, lr, wei
     return loss, norm
 
 
+def compile_step(loss_and_grads, params, opt_state, tokens, targets, mask, weight_decay=0.0, decay=None):
+    """One train_step on copies of params and opt_state, thrown away: Numba compiles a kernel at its first call
+    (half a minute on a cold cache, a fraction of a second from the cache), so a run calls this before its
+    clock starts, and its training time and time left count training only. The batch should be a real one
+    (the twins pick one thread or all by its size). -> seconds it took."""
+    t0 = time.perf_counter()
+    copy = lambda tree: {k: copy(v) if isinstance(v, dict) else np.copy(v) if isinstance(v, np.ndarray) else v
+                          for k, v in tree.items()}
+    train_step(loss_and_grads, copy(params), copy(opt_state), tokens, targets, mask, 0.0, weight_decay, decay=decay)
+    return time.perf_counter() - t0
+
+
 def train(step, steps, start=0, stop=None, on_step=None, on_interrupt=None, progress=None, prior_seconds=0.0):
     """The training loop: for i = start .. min(stop, steps) - 1, record = step(i), a dict with the step's
     "loss" (nats) and, where it has one, its "grad_norm"; then on_step(i, record, compute_seconds) (not

@@ -26,7 +26,7 @@ def entropy_bits(p, axis=-1):
     """Shannon entropy H(p) = -sum p log2 p in bits, with 0 log 0 = 0."""
     p = np.asarray(p, dtype=np.float64)
     log_p = np.log2(np.where(p > 0, p, 1.0))  # log2 1 = 0 where p == 0
-    return -np.sum(p * log_p, axis=axis)
+    return -np.sum(p * log_p, axis=axis) + 0.0  # + 0.0: a certain posterior's -0.0 becomes 0 (it printed as "-0.")
 
 
 def kl_bits(p, q, axis=-1):
