@@ -156,18 +156,20 @@ def summary(g):
     for key in ("attn_out_last", "residual_final"):
         m = g["manifold"][key]
         lines.append(f"manifold {key}: PC1 {m['pc1_variance']:.3f}, PC1+2 {m['pc12_variance']:.3f}, "
-                     f"Spearman(PC1, H) {m['spearman_pc1_entropy']}")
+                     f"Spearman(PC1, H) {fmt(m['spearman_pc1_entropy'])}")
     lines.append("logit-lens KL by layer (bits): " + ", ".join(f"{k:.3g}" for k in g["logit_lens"]["kl_bits"]))
     a = g["ablations"]
     worst = next(h for h in a["heads"] if f"L{h['layer']}H{h['head']}" == a["hypothesis_frame_head"]["name"])
-    lines.append(f"ablation: hypothesis-frame head {a['hypothesis_frame_head']['name']}: KL "
+    lines.append(f"ablation: the head whose removal costs most, {a['hypothesis_frame_head']['name']}: KL "
                  f"{a['baseline']['kl_bits']:.3g} -> {worst['kl_bits']:.3g} bits, entropy MAE "
                  f"{a['baseline']['entropy_mae_bits']:.3g} -> {worst['entropy_mae_bits']:.3g} bits")
     fp = g["frame_precision"]
     if fp:
-        lines.append(f"frame settles at step {fp['frame_settle_step']} (per layer {fp['frame_settle_step_per_layer']}), "
-                     f"precision at step {fp['precision_settle_step']}; 90% progress: frame {fp['frame_90pct_step']}, "
-                     f"precision {fp['precision_90pct_step']}")
+        at = lambda s: "never" if s is None else f"step {s}"
+        lines.append(f"frame settles at {at(fp['frame_settle_step'])} (per layer "
+                     f"{', '.join(at(s) for s in fp['frame_settle_step_per_layer'])}), precision at "
+                     f"{at(fp['precision_settle_step'])}; 90% progress: frame {at(fp['frame_90pct_step'])}, "
+                     f"precision {at(fp['precision_90pct_step'])}")
     return "\n".join(lines)
 
 
