@@ -27,6 +27,7 @@ import bijection
 import models
 import optim
 import plots
+import runs
 import sticky
 import training
 import windtunnels as wt
@@ -37,19 +38,21 @@ from onehead import (EVAL_SEED, N_CLASSES, D_X, D_K, D_V, INIT_STD, ROUTING, SEE
 
 SGD_LR = 0.01               # the authors' plain SGD (and the base of the EM-like schedule)
 DEEP_LR = 3e-4              # the deep variant's AdamW peak
-OUTPUTS = {"one-head": ("sticky_metrics.json", "sticky_head.npz"),      # what each experiment writes in its
-           "compare-em": ("dynamics.json", "curves.json", "em_vs_sgd.png", "two_timescales.png")}   # directory
+OUTPUTS = {"one-head": ("sticky_metrics.json", "sticky_head.npz", "sticky_progress.npz"),   # what each experiment
+           "compare-em": ("dynamics.json", "curves.json", "em_vs_sgd.png", "two_timescales.png", "progress")}  # writes
+FINAL = {"one-head": "sticky_metrics.json", "compare-em": "dynamics.json", "deep": "deep_variant.json"}  # a finished
+# run has written it
 
 
 # ----------------------------------------------------------------------------
 # training with the dynamics logged
 
 def finished(result, steps):
-    """training.train's result, unless a signal stopped it: Paper II's runs keep no checkpoint, so a run cut
-    short is not reported as if it had ended (training.Interrupted names the step)."""
+    """training.train's result, unless a signal stopped it: a run that keeps no progress of its own is not
+    reported as if it had ended (training.Interrupted names the step)."""
     if result["interrupted"]:
-        raise training.Interrupted(f"interrupted at step {result['step']} of {steps}; Paper II's experiments keep "
-                                   f"no checkpoint, so nothing was written: run the command again")
+        raise training.Interrupted(f"interrupted at step {result['step']} of {steps}; this run keeps no progress, so "
+                                   f"nothing was written: run it again")
     return result
 
 
@@ -99,16 +102,24 @@ def compile_head(params, x, targets, lr, methods=("sgd",)):
         train_head({k: v.copy() for k, v in params.items()}, x, targets, 1, method, lr)
 
 
-def train_head(params, x, targets, steps, method="sgd", lr=SGD_LR, log_every=None, seed=0):
+def train_head(params, x, targets, steps, method="sgd", lr=SGD_LR, log_every=None, seed=0, so_far=None, stop=None):
     """Train the head in place, full batch, through training.train. method: "sgd", "em" (EM-like) or "mstep".
     -> dict: loss (steps + 1,) nats, loss[k] before update k and loss[steps] after the last;
     seconds (steps + 1,) cumulative compute time before update k (logging excluded);
     routing_norm, value_norm (steps,) gradient norms of (W_Q, W_K) and (W_V, W_O) before each update;
-    logs: every log_every steps, dynamics_snapshot plus the prototype cosine."""
+    logs: every log_every steps, dynamics_snapshot plus the prototype cosine; step: the step reached.
+    so_far: the dict of an earlier session's run, stopped at its "step" (SGD keeps no other state; no logs),
+    to continue; stop: end at that step, or where a signal stops it ("interrupted": True), returning the run
+    so far without the final loss. Without so_far or stop, a signal raises training.Interrupted."""
     if method not in ("sgd", "em", "mstep"):
         raise ValueError(f"method={method!r}: allowed are 'sgd', 'em', 'mstep'")
+    if so_far and (log_every or method != "sgd"):
+        raise ValueError("so_far: only a plain-SGD run without logs continues (the others keep more state)")
     x = np.ascontiguousarray(x, dtype=params["W_Q"].dtype)
     out = dict(method=method, lr=lr, loss=[], seconds=[0.0], routing_norm=[], value_norm=[], logs=[])
+    if so_far:
+        out.update({k: list(so_far[k]) for k in ("loss", "seconds", "routing_norm", "value_norm")})
+    start, prior = (so_far or {}).get("step", 0), out["seconds"][-1]
     newton = []
     T = x.shape[1]
     rng = np.random.default_rng(seed)
@@ -133,7 +144,7 @@ def train_head(params, x, targets, steps, method="sgd", lr=SGD_LR, log_every=Non
         return dict(loss=loss, grads=grads, g_rout=g_rout, u=u, u_e=u_e, cache=cache, W_V_before=W_V_before)
 
     def on_step(k, r, compute):
-        out["seconds"].append(compute)
+        out["seconds"].append(prior + compute)
         out["loss"].append(r["loss"])
         out["routing_norm"].append(_norm(r["g_rout"], ROUTING))
         out["value_norm"].append(_norm(r["grads"], VALUE))
@@ -147,7 +158,12 @@ def train_head(params, x, targets, steps, method="sgd", lr=SGD_LR, log_every=Non
             snap["step"] = k
             out["logs"].append(snap)
 
-    finished(training.train(step, steps, on_step=on_step), steps)
+    result = training.train(step, steps, start, stop, on_step=on_step)
+    if so_far is None and stop is None:
+        finished(result, steps)
+    out.update(step=result["step"], interrupted=result["interrupted"])
+    if result["step"] < steps:                                   # stopped: no final loss yet
+        return out
     loss, _, _, _ = head_loss(params, x, targets)
     out["loss"].append(loss)
     if method == "mstep":
@@ -197,14 +213,27 @@ def bayes_loss_bits(x, targets, sigma=1.0, chain="exact"):
     return float(-np.log2(np.take_along_axis(post, targets[..., None], axis=-1)).mean())
 
 
-def run_sticky(steps=1000, seed=0, lr=SGD_LR, T=2000, sigma=1.0, out_dir=None, chain="exact"):
+def run_sticky(steps=1000, seed=0, lr=SGD_LR, T=2000, sigma=1.0, out_dir=None, chain="exact", stop=None,
+               progress=None):
     """Train the one-head model with plain SGD on one chain (full batch) and compare it, on held-out
     chains, with the exact Bayes predictor. With out_dir, writes sticky_metrics.json and sticky_head.npz
-    there. -> metrics dict."""
+    there, and keeps a run stopped at step `stop` (--stop-after) or by Ctrl-C, SIGTERM or SIGHUP in
+    sticky_progress.npz (Stopped, or training.Interrupted); progress (one_head_progress's, read before
+    anything is written) continues it. -> metrics dict."""
+    identity = dict(steps=steps, seed=seed, lr=lr, T=T, sigma=sigma, chain=chain)
     x, targets = sticky.data(seed, T=T, sigma=sigma, chain=chain)
-    params = init_head(seed, dtype="float32")
+    params, so_far = progress or (init_head(seed, dtype="float32"), None)
     compile_head(params, x, targets, lr)
-    run = train_head(params, x, targets, steps, "sgd", lr)
+    run = train_head(params, x, targets, steps, "sgd", lr, so_far=so_far, stop=(stop or steps) if out_dir else None)
+    path = os.path.join(out_dir or "", "sticky_progress.npz")
+    if run["step"] < steps:                                      # stopped: keep it to continue from
+        save_arrays(path, {"meta": np.array(json.dumps(dict(identity, step=run["step"]))), **{
+            k: np.array(run[k], dtype=np.float64) for k in ("loss", "seconds", "routing_norm", "value_norm")},
+            **{f"param:{k}": v for k, v in params.items()}})
+        what = "interrupted" if run["interrupted"] else "stopped (--stop-after)"
+        raise (training.Interrupted if run["interrupted"] else Stopped)(
+            f"the one-head run {what} at step {run['step']} of {steps}: saved in {path}; continue with --resume and "
+            f"the same flags")
     metrics = dict(task="sticky", model="one-head", steps=steps, seed=seed, lr=lr, T=T, sigma=sigma,
                    seconds=run["seconds"][-1],
                    train_loss_first_bits=run["loss"][0] / LN2, train_loss_final_bits=run["loss"][-1] / LN2,
@@ -215,7 +244,59 @@ def run_sticky(steps=1000, seed=0, lr=SGD_LR, T=2000, sigma=1.0, out_dir=None, c
         os.makedirs(out_dir, exist_ok=True)
         write_json(os.path.join(out_dir, "sticky_metrics.json"), metrics)
         save_arrays(os.path.join(out_dir, "sticky_head.npz"), params)
+        if os.path.exists(path):                                 # finished: the metrics, not the progress
+            os.remove(path)
     return metrics
+
+
+def one_head_progress(out_dir, steps=1000, seed=0, lr=SGD_LR, T=2000, sigma=1.0, chain="exact"):
+    """What an earlier session of the one-head run left in out_dir (sticky_progress.npz), read and judged
+    before anything is written: (params, so_far) for run_sticky's progress. ValueError in one line for a
+    file that is not a regular file, cannot be read, or is of another run (other steps, seed, lr, length,
+    noise or chain)."""
+    path = os.path.join(out_dir, "sticky_progress.npz")
+    identity = dict(steps=steps, seed=seed, lr=lr, T=T, sigma=sigma, chain=chain)
+    data, meta = _read_progress(path, identity, "the one-head run's")
+    step, shapes = meta.get("step"), {k: v.shape for k, v in init_head(seed, dtype="float32").items()}
+    try:
+        params = {k: data[f"param:{k}"] for k in shapes}
+        so_far = {k: data[k].tolist() for k in ("loss", "seconds", "routing_norm", "value_norm")}
+        ok = (isinstance(step, int) and 0 < step < steps and len(so_far["loss"]) == len(so_far["routing_norm"]) == step
+              and len(so_far["seconds"]) == step + 1 and all(np.isfinite(v).all() and v.shape == shapes[k]
+                                                              and v.dtype == np.float32 for k, v in params.items())
+              and len([k for k in data if k.startswith("param:")]) == len(shapes))
+    except KeyError:
+        ok = False
+    if not ok:
+        raise ValueError(f"{path!r} is damaged or not the one-head run's (its arrays or step)")
+    return params, dict(so_far, step=step)
+
+
+def _read_progress(path, identity, whose):
+    """A file a run in progress keeps: an .npz (its arrays, and its meta as JSON in "meta") or a .json (its
+    meta and data at once), whose identity must be this run's. -> data, meta."""
+    problem = runs.kind_problem(path, want_dir=False) if os.path.lexists(path) else "missing"
+    if problem:
+        raise ValueError(f"{path!r} is {problem}")
+    try:
+        if path.endswith(".json"):
+            with open(path, encoding="utf-8") as f:
+                data = meta = json.load(f)
+        else:
+            with np.load(path, allow_pickle=False) as z:
+                data = {k: z[k] for k in z.files}
+            meta = json.loads(str(data["meta"]))
+        have = {k: meta[k] for k in identity}
+    except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile, EOFError) as e:
+        raise ValueError(f"{path!r} is damaged or not {whose} ({type(e).__name__})") from None
+    _same_run(path, have, identity)
+    return data, meta
+
+
+def _same_run(path, have, identity):
+    if have != identity:
+        k = next(k for k in identity if have[k] != identity[k])
+        raise ValueError(f"{path!r} has {k}={have[k]!r} but this run asks for {identity[k]!r}")
 
 
 def sticky_table(m, path=None):
@@ -350,7 +431,7 @@ def deep_variant(seeds=SEEDS, steps=1000, lr=DEEP_LR, T=2000, chain="exact", thr
     authors use 0.1).
     With out_dir the run keeps its progress there, seed by seed: a finished seed's row (deep_seed<seed>.json),
     and the seed in progress as a checkpoint (deep_seed<seed>.npz) when it stops at step `stop` (--stop-after)
-    or on Ctrl-C, SIGTERM or SIGHUP (training.Interrupted then, or DeepStopped at `stop`); progress
+    or on Ctrl-C, SIGTERM or SIGHUP (training.Interrupted then, or Stopped at `stop`); progress
     (deep_progress's, read before anything is written) continues from them.
     -> dict with per-seed held-out cross-entropy, exact Bayes on the same chain, the bound, KL, in bits."""
     prev = numba.get_num_threads()
@@ -396,7 +477,7 @@ def deep_variant(seeds=SEEDS, steps=1000, lr=DEEP_LR, T=2000, chain="exact", thr
             if out_dir and result["step"] < steps:
                 keep(result["step"])
                 what = "interrupted" if result["interrupted"] else "stopped (--stop-after)"
-                raise (training.Interrupted if result["interrupted"] else DeepStopped)(
+                raise (training.Interrupted if result["interrupted"] else Stopped)(
                     f"deep variant {what} at step {result['step']} of {steps} of seed {seed}: saved in "
                     f"{os.path.join(out_dir, f'deep_seed{seed}.npz')}; continue with --resume and the same flags")
             if not out_dir:
@@ -446,10 +527,11 @@ def _paired(a, b):
     return out
 
 
-def compare_setting(name, seeds, make_data, steps, mstep_steps, reference, log_every=None, lr=SGD_LR):
+def compare_setting(name, seeds, make_data, steps, mstep_steps, reference, log_every=None, lr=SGD_LR, units=None):
     """SGD, EM-like and M-step arms from the same initialisation for each seed, full batch on make_data(seed).
     Threshold = mean over seeds of SGD's final training loss (nats, as the authors); per arm and seed the
-    first step below it, the compute seconds to get there, and the held-out loss against exact Bayes."""
+    first step below it, the compute seconds to get there, and the held-out loss against exact Bayes.
+    units: compare_em's progress (kept): each arm of each seed is one of its runs."""
     arms = {"sgd": steps, "em": steps, "mstep": mstep_steps}
     runs = {m: [] for m in arms}
     train_bayes = []
@@ -457,10 +539,12 @@ def compare_setting(name, seeds, make_data, steps, mstep_steps, reference, log_e
         x, targets = make_data(seed)
         train_bayes.append(bayes_loss_bits(x, targets, chain=reference[3]["chain"]))
         for method, n in arms.items():
-            params = init_head(seed, dtype="float32")           # the same start for every arm
-            run = train_head(params, x, targets, n, method, lr=lr, log_every=log_every, seed=seed)
-            run.update(seed=seed, params={k: v.tolist() for k, v in params.items()},
-                       heldout=evaluate_vs_bayes(params, reference=reference))
+            def arm():
+                params = init_head(seed, dtype="float32")           # the same start for every arm
+                run = train_head(params, x, targets, n, method, lr=lr, log_every=log_every, seed=seed)
+                return dict(run, seed=seed, params={k: v.tolist() for k, v in params.items()},
+                            heldout=evaluate_vs_bayes(params, reference=reference))
+            run = kept(units, f"{name}-seed{seed}-{method}", arm)
             runs[method].append(run)
             print(f"  {name} seed {seed} {method:5s}: train {run['loss'][0] / LN2:.4f} -> {run['loss'][-1] / LN2:.4f}"
                   f" bits, held-out {run['heldout']['loss_bits']:.4f} bits, {run['seconds'][-1]:.1f} s", flush=True)
@@ -496,15 +580,27 @@ def compare_setting(name, seeds, make_data, steps, mstep_steps, reference, log_e
 
 
 def compare_em(seeds=SEEDS, steps=1000, out_dir=None, quick=False, mstep_steps=None,
-               transformer_steps=None, chain="exact", lr=SGD_LR):
+               transformer_steps=None, chain="exact", lr=SGD_LR, stop=None, progress=None):
     """Paper II's EM-like schedule against SGD, and a true M-step, on the sticky chain: one T = 2000 chain
     per seed (the authors' setting) and 32 chains of T = 64 (a second setting); the two-timescale logs;
     exact-Bayes references; the bijection transformer's per-layer gradient norms. Writes em_vs_sgd.png,
     two_timescales.png, dynamics.json and curves.json to out_dir (default runs/dynamics[-quick][-authors-chain]).
     -> the JSON dict.
-    The M-step arm runs min(steps, 300) steps unless mstep_steps says otherwise (it costs ~2x a step)."""
+    The M-step arm runs min(steps, 300) steps unless mstep_steps says otherwise (it costs ~2x a step).
+    Its runs (compare_em_runs: each arm of each seed in both settings, then three more) are kept one by one
+    in out_dir/progress/ as they finish; it stops before run number stop + 1 (--stop-after: Stopped) and, on
+    Ctrl-C, SIGTERM or SIGHUP, in the run in progress (training.Interrupted; that run is not kept);
+    progress (compare_em_progress's, read before anything is written) holds the runs an earlier session
+    finished, which are read, not trained again."""
     t_start = time.perf_counter()
     seeds = tuple(seeds)
+    out_dir = out_dir or default_out_dir(chain, quick)
+    identity = dict(seeds=list(seeds), steps=steps, quick=quick, mstep_steps=mstep_steps,
+                    transformer_steps=transformer_steps, chain=chain, lr=lr)
+    units = dict(dir=os.path.join(out_dir, "progress"), identity=identity, stop=stop,
+                 done={name: p["result"] for name, p in (progress or {}).items()},
+                 earlier={name: p["seconds"] for name, p in (progress or {}).items()},
+                 total=len(compare_em_runs(seeds, quick)))
     if quick:
         seeds, steps, T, short, log_every = seeds[:2], 20, 64, (4, 16), 5
         transformer_kw = dict(steps=transformer_steps or 6, n_layers=2, d_model=32, V=6, batch=8,
@@ -529,18 +625,19 @@ def compare_em(seeds=SEEDS, steps=1000, out_dir=None, quick=False, mstep_steps=N
     print(f"long chain: T = {T}, full batch, seeds {seeds}", flush=True)
     ref_long = exact_bayes_reference(1.0, **eval_long, chain=chain)
     out["long_chain"], long_runs = compare_setting("long_chain", seeds, lambda s: sticky.data(s, T=T, chain=chain),
-                                                   steps, mstep_steps, ref_long, log_every, lr)
+                                                   steps, mstep_steps, ref_long, log_every, lr, units)
     print(f"short sequences: {short[0]} chains of T = {short[1]}, full batch", flush=True)
     ref_short = exact_bayes_reference(1.0, **eval_short, chain=chain)
     out["short_sequences"], short_runs = compare_setting(
         "short_sequences", seeds, lambda s: sticky.data(s, T=short[1], n=short[0], chain=chain), steps, mstep_steps,
-        ref_short, lr=lr)
+        ref_short, lr=lr, units=units)
 
     # exact Bayes: the references at three noise levels, and plain SGD trained and judged at sigma = 3
     out["exact_bayes_reference"] = {str(s): exact_bayes_reference(s, n=4 * eval_long["n"], T=eval_long["T"],
                                                                   chain=chain)[3] for s in (1.0, 2.0, 3.0)}
     print("SGD at sigma = 3 against exact Bayes", flush=True)
-    out["sigma3_sgd"] = s3 = run_sticky(steps=steps, seed=seeds[0], lr=lr, T=T, sigma=3.0, chain=chain)
+    out["sigma3_sgd"] = s3 = kept(units, "sigma3_sgd", lambda: run_sticky(steps=steps, seed=seeds[0], lr=lr, T=T,
+                                                                         sigma=3.0, chain=chain))
     print(f"  held-out {s3['loss_bits']:.3f} bits against exact Bayes's {s3['bayes_loss_bits']:.3f} "
           f"(KL {s3['kl_bits']:.3g} bits)", flush=True)
 
@@ -548,23 +645,24 @@ def compare_em(seeds=SEEDS, steps=1000, out_dir=None, quick=False, mstep_steps=N
     # and the bijection transformer
     out["two_timescales_one_head"] = _timescale_summary(long_runs)
     print(f"long-horizon SGD, lr 0.3, {long_horizon} steps", flush=True)
-    x, targets = sticky.data(seeds[0], T=T, chain=chain)
-    params = init_head(seeds[0], dtype="float32")
-    lh = train_head(params, x, targets, long_horizon, "sgd", lr=0.3, log_every=log_every, seed=seeds[0])
-    lh.update(seed=seeds[0], heldout=evaluate_vs_bayes(params, reference=ref_long))
-    out["long_horizon_sgd"] = lh
+
+    def long_run():
+        x, targets = sticky.data(seeds[0], T=T, chain=chain)
+        params = init_head(seeds[0], dtype="float32")
+        lh = train_head(params, x, targets, long_horizon, "sgd", lr=0.3, log_every=log_every, seed=seeds[0])
+        return dict(lh, seed=seeds[0], heldout=evaluate_vs_bayes(params, reference=ref_long))
+    out["long_horizon_sgd"] = lh = kept(units, "long_horizon_sgd", long_run)
     print(f"  training loss {lh['loss'][0] / LN2:.3f} -> {lh['loss'][-1] / LN2:.3f} bits, held-out "
           f"{lh['heldout']['loss_bits']:.3f}", flush=True)
     print("bijection transformer (routing against value gradients by layer)", flush=True)
-    out["transformer"] = tf = transformer_timescales(seed=seeds[0], **transformer_kw)
+    out["transformer"] = tf = kept(units, "transformer", lambda: transformer_timescales(seed=seeds[0], **transformer_kw))
     print(f"  {tf['steps']} steps: probe loss {tf['probe_loss_bits']:.3f} bits against exact Bayes's "
           f"{tf['probe_bayes_loss_bits']:.3f} (KL {tf['probe_kl_bits']:.3g} bits)", flush=True)
 
     out["curves"] = {setting: {m: [{k: r[k] for k in r if k != "params"} for r in rs] for m, rs in runs.items()}
                      for setting, runs in (("long_chain", long_runs), ("short_sequences", short_runs))}
     out["final_params_first_seed"] = {m: long_runs[m][0]["params"] for m in long_runs}
-    out["seconds_total"] = time.perf_counter() - t_start
-    out_dir = out_dir or default_out_dir(chain, quick)
+    out["seconds_total"] = time.perf_counter() - t_start + sum(units["earlier"].values())
     os.makedirs(out_dir, exist_ok=True)
     plots.plot_em_vs_sgd(out, os.path.join(out_dir, "em_vs_sgd.png"))
     plots.plot_two_timescales(out, os.path.join(out_dir, "two_timescales.png"))
@@ -573,9 +671,71 @@ def compare_em(seeds=SEEDS, steps=1000, out_dir=None, quick=False, mstep_steps=N
     heavy = ("curves", "final_params_first_seed")
     write_json(os.path.join(out_dir, "dynamics.json"), {k: v for k, v in out.items() if k not in heavy})
     write_json(os.path.join(out_dir, "curves.json"), {k: out[k] for k in heavy}, indent=None)
+    runs.remove_run(out_dir, ["progress"] if os.path.isdir(units["dir"]) else [])   # finished: its JSON, not its progress
     print(f"wrote em_vs_sgd.png, two_timescales.png, dynamics.json, curves.json in {out_dir}/ in "
           f"{out['seconds_total']:.0f} s")
     print(summary_lines(out, steps))
+    return out
+
+
+def compare_em_runs(seeds=SEEDS, quick=False):
+    """The names of compare_em's runs, in the order it trains them: each arm of each seed in the long-chain
+    setting, then in the short-sequence one, then SGD at sigma = 3, the long-horizon SGD, the transformer."""
+    seeds = tuple(seeds)[:2] if quick else tuple(seeds)
+    return [f"{setting}-seed{seed}-{arm}" for setting in ("long_chain", "short_sequences") for seed in seeds
+            for arm in ("sgd", "em", "mstep")] + ["sigma3_sgd", "long_horizon_sgd", "transformer"]
+
+
+def kept(units, name, compute):
+    """One of compare_em's runs: read if an earlier session finished it, else compute() (its result as JSON
+    gives it back, so that a run read and a run trained feed the summary the same numbers) and keep it in
+    units["dir"] as <name>.json with the experiment's identity. Stops before it (Stopped) when units["stop"]
+    runs are done; a signal inside compute() drops this run and says what is kept (training.Interrupted).
+    units None: compute()'s result as JSON gives it back, nothing kept."""
+    if units is None:
+        return json.loads(json.dumps(plain(compute())))
+    done = units["done"]
+    if name in done:
+        return done[name]
+    where = f"the {len(done)} runs finished before it are kept in {units['dir']}"
+    if units["stop"] is not None and len(done) >= units["stop"]:
+        raise Stopped(f"compare-em stopped (--stop-after) after {len(done)} of its {units['total']} runs, kept in "
+                      f"{units['dir']}; continue with --resume and the same flags")
+    t0 = time.perf_counter()
+    try:
+        result = json.loads(json.dumps(plain(compute())))
+    except training.Interrupted as e:
+        raise training.Interrupted(f"compare-em {e.args[0].split(';')[0]} of its run {name}; {where}: continue "
+                                   f"with --resume and the same flags") from None
+    os.makedirs(units["dir"], exist_ok=True)
+    write_json(os.path.join(units["dir"], f"{name}.json"),
+               dict(units["identity"], name=name, seconds=time.perf_counter() - t0, result=result), indent=None)
+    done[name] = result
+    return result
+
+
+def compare_em_progress(out_dir, seeds=SEEDS, steps=1000, quick=False, mstep_steps=None, transformer_steps=None,
+                        chain="exact", lr=SGD_LR):
+    """The runs an earlier session of compare_em finished, in out_dir/progress/, read and judged before
+    anything is written: {name: {"result", "seconds"}}. ValueError in one line for a file that is not one of
+    its runs, is not a regular file, cannot be read, or is of another comparison (other seeds, steps, ...)."""
+    identity = dict(seeds=list(seeds), steps=steps, quick=quick, mstep_steps=mstep_steps,
+                    transformer_steps=transformer_steps, chain=chain, lr=lr)
+    folder, names, out = os.path.join(out_dir, "progress"), compare_em_runs(seeds, quick), {}
+    problem = runs.kind_problem(folder, want_dir=True)
+    if problem:
+        raise ValueError(f"{folder!r} is {problem}")
+    for file in sorted(os.listdir(folder)):
+        path = os.path.join(folder, file)
+        if file.startswith(".tmp-"):                             # an atomic write that a kill cut short
+            continue
+        if not (file.endswith(".json") and file[:-5] in names):
+            raise ValueError(f"{path!r} is not one of compare-em's runs")
+        kept_run, _ = _read_progress(path, identity, "compare-em's")
+        if not (kept_run.get("name") == file[:-5] and isinstance(kept_run.get("result"), dict)
+                and isinstance(kept_run.get("seconds"), (int, float)) and math.isfinite(kept_run["seconds"])):
+            raise ValueError(f"{path!r} is damaged or not compare-em's (its name, result or seconds)")
+        out[file[:-5]] = {"result": kept_run["result"], "seconds": kept_run["seconds"]}
     return out
 
 
@@ -624,8 +784,8 @@ def default_out_dir(chain="exact", quick=False, what="dynamics"):
     return os.path.join("runs", what + ("-quick" if quick else "") + ("-authors-chain" if chain == "authors" else ""))
 
 
-class DeepStopped(Exception):
-    """The deep variant stopped at --stop-after with its seed in progress saved; the message says where."""
+class Stopped(Exception):
+    """A Paper II run stopped at --stop-after with its progress saved; the message says where."""
 
 
 def deep_progress(out_dir, seeds=SEEDS, steps=1000, lr=DEEP_LR, T=2000, chain="exact"):
@@ -633,7 +793,6 @@ def deep_progress(out_dir, seeds=SEEDS, steps=1000, lr=DEEP_LR, T=2000, chain="e
     written: {"rows": {seed: row}, "states": {seed: (params, opt_state, losses, step, seconds)}}. ValueError
     in one line for a file that is not a regular file, cannot be read, or is of another run (other steps,
     lr, length or chain)."""
-    import runs
     identity = dict(steps=steps, lr=lr, T=T, chain=chain)
     out = {"rows": {}, "states": {}}
     for seed in seeds:
@@ -641,29 +800,12 @@ def deep_progress(out_dir, seeds=SEEDS, steps=1000, lr=DEEP_LR, T=2000, chain="e
             path = os.path.join(out_dir, f"deep_seed{seed}.{ext}")
             if not os.path.lexists(path):
                 continue
-            problem = runs.kind_problem(path, want_dir=False)
-            if problem:
-                raise ValueError(f"{path!r} is {problem}")
-            try:
-                if ext == "json":
-                    with open(path, encoding="utf-8") as f:
-                        row = json.load(f)
-                    meta = row
-                else:
-                    with np.load(path, allow_pickle=False) as z:
-                        data = {k: z[k] for k in z.files}
-                    meta = json.loads(str(data["meta"]))
-                have = {k: meta[k] for k in identity}
-            except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile, EOFError) as e:
-                raise ValueError(f"{path!r} is damaged or not the deep variant's ({type(e).__name__})") from None
-            if have != identity:
-                k = next(k for k in identity if have[k] != identity[k])
-                raise ValueError(f"{path!r} has {k}={have[k]!r} but this run asks for {identity[k]!r}")
+            data, meta = _read_progress(path, identity, "the deep variant's")
             if ext == "json" and seed not in out["rows"]:
                 numbers = ("train_loss_final_bits", "test_loss_bits", "test_bayes_loss_bits", "test_kl_bits", "seconds")
-                if not all(isinstance(row.get(k), (int, float)) and math.isfinite(row[k]) for k in numbers):
+                if not all(isinstance(data.get(k), (int, float)) and math.isfinite(data[k]) for k in numbers):
                     raise ValueError(f"{path!r} is damaged or not the deep variant's (its numbers)")
-                out["rows"][seed] = {k: v for k, v in row.items() if k not in identity}
+                out["rows"][seed] = {k: v for k, v in data.items() if k not in identity}
             elif ext == "npz" and seed not in out["rows"]:
                 step = meta.get("step")
                 cfg, params = deep_init(seed, T)
@@ -683,10 +825,16 @@ def deep_progress(out_dir, seeds=SEEDS, steps=1000, lr=DEEP_LR, T=2000, chain="e
     return out
 
 
-def deep_files(out_dir, seeds=SEEDS):
-    """The deep variant's files in out_dir: deep_variant.json and the per-seed progress."""
-    names = ["deep_variant.json", *(f"deep_seed{s}.{e}" for s in seeds for e in ("json", "npz"))]
+def files(experiment, out_dir, seeds=SEEDS):
+    """The files of a Paper II run (one-head, compare-em, deep) in out_dir: its results and its progress."""
+    names = OUTPUTS.get(experiment) or ["deep_variant.json", *(f"deep_seed{s}.{e}" for s in seeds
+                                                               for e in ("json", "npz"))]
     return [n for n in names if os.path.lexists(os.path.join(out_dir, n))]
+
+
+def progress_files(held):
+    """Those of held (files' result) that an earlier session left to continue from."""
+    return [n for n in held if n in ("sticky_progress.npz", "progress") or n.startswith("deep_seed")]
 
 
 def run_deep(chain="exact", steps=1000, out_dir=None, seeds=SEEDS, lr=DEEP_LR, stop=None, progress=None):

@@ -112,6 +112,13 @@ def write(name, data):
     return edit
 
 
+def mkdir_with(folder, name, data):
+    def edit(run):
+        os.mkdir(os.path.join(run, folder))
+        write(os.path.join(folder, name), data)(run)
+    return edit
+
+
 def live_lock(run):
     """The directory held by a live process: this one (its own id and start time: not stale)."""
     with open(os.path.join(run, runs.LOCK), "w") as f:
@@ -159,11 +166,28 @@ CASES = [
     (4, "finished", write("dynamics.json", b"{}"), "train", ["--task", "sticky", "--compare-em", "--out", "{run}"],
      "already holds a run (dynamics.json): replace it with --overwrite"),
     (4, "finished", write("deep_variant.json", b"{}"), "train", ["--task", "sticky", "--deep", "--out", "{run}"],
-     "already holds a run (deep_variant.json): continue it with --resume, replace it with --overwrite"),
+     "already holds a run (deep_variant.json): replace it with --overwrite"),
+    (4, "finished", write("deep_seed42.json", b"{}"), "train", ["--task", "sticky", "--deep", "--out", "{run}"],
+     "already holds a run (deep_seed42.json): continue it with --resume, replace it with --overwrite"),
+    (4, "finished", write("sticky_metrics.json", b"{}"), "train", ["--task", "sticky", "--resume", "--out", "{run}"],
+     "the one-head run in --out '{run}' is finished (sticky_metrics.json written); --overwrite replaces it"),
+    (4, "finished", write("sticky_progress.npz", b"not an archive"), "train", ["--task", "sticky", "--resume", "--out",
+     "{run}"], "sticky_progress.npz' is damaged or not the one-head run's"),
+    (4, "finished", write("dynamics.json", b"{}"), "train", ["--task", "sticky", "--compare-em", "--resume", "--out",
+     "{run}"], "the comparison (--compare-em) in --out '{run}' is finished (dynamics.json written)"),
+    (4, "finished", mkdir_with("progress", "notes.txt", b"mine"), "train", ["--task", "sticky", "--compare-em",
+     "--resume", "--out", "{run}"], "progress/notes.txt' is not one of compare-em's runs"),
+    (4, "finished", mkdir_with("progress", "transformer.json", json.dumps(dict(
+        seeds=[42], steps=5, quick=False, mstep_steps=None, transformer_steps=None, chain="exact", lr=0.01,
+        name="transformer", seconds=1.0, result={})).encode()), "train",
+     ["--task", "sticky", "--compare-em", "--resume", "--out", "{run}"],
+     "progress/transformer.json' has seeds=[42] but this run asks for [42, 2024, 1337, 7777, 9999]"),
     (4, "finished", write("deep_variant.json", b"{}"), "train", ["--task", "sticky", "--deep", "--resume", "--out", "{run}"],
      "the deep variant in --out '{run}' is finished (deep_variant.json written); --overwrite replaces it"),
     (4, "finished", None, "train", ["--task", "sticky", "--deep", "--resume", "--out", "{run}"],
-     "holds no deep-variant run to continue"),
+     "--out '{run}' holds no progress of the deep variant to continue"),
+    (4, "finished", None, "train", ["--task", "sticky", "--resume", "--out", "{run}"],
+     "holds no progress of the one-head run to continue"),
     (4, "finished", write("deep_seed42.npz", b"not an archive"), "train",
      ["--task", "sticky", "--deep", "--resume", "--out", "{run}"], "deep_seed42.npz' is damaged or not the deep variant's"),
     # 5. flags that cannot apply
@@ -179,7 +203,7 @@ CASES = [
      "--resume: the run in --out '{run}' is finished (step 4 of 4; metrics.json written)"),
     (5, "finished", None, "train", [*SAME, "--resume", "--kernels", "numpy", "--out", "{run}"], "is finished"),
     (5, "finished", None, "train", ["--task", "sticky", "--compare-em", "--resume", "--out", "{run}"],
-     "--resume does not apply to --task sticky --compare-em"),
+     "holds no progress of the comparison (--compare-em) to continue"),
     # 6. values that pass their own checks but not together
     (6, "finished", None, "train", ["--warmup", "100", "--steps", "60", "--out", "{run}"],
      "--warmup 100: longer than the run (--steps 60); allowed are 0..60"),
@@ -191,6 +215,12 @@ CASES = [
      "--sigma 1e-200: must lie in 1e-06..1e+06"),
     (6, "finished", None, "train", ["--task", "sticky", "--deep", "--steps", "10", "--stop-after", "10", "--out", "{run}"],
      "--stop-after 10: each seed ends at step 10 anyway"),
+    (6, "finished", None, "train", ["--task", "sticky", "--stop-after", "1000", "--out", "{run}"],
+     "--stop-after 1000: the run ends at step 1000 anyway"),
+    (6, "finished", None, "train", ["--task", "sticky", "--compare-em", "--stop-after", "33", "--out", "{run}"],
+     "--stop-after 33: --compare-em has 33 runs (each arm of each seed, and three more); allowed are 1..32"),
+    (6, "finished", None, "train", ["--task", "sticky", "--compare-em", "--preset", "quick", "--stop-after", "15",
+     "--out", "{run}"], "--compare-em --preset quick has 15 runs"),
     (6, "stopped", None, "train", [*SAME, "--resume", "--stop-after", "1", "--out", "{run}"], "--stop-after 1: the checkpoint"),
     # 7. paths
     (7, "finished", None, "train", ["--out", ""], "--out '': an empty name; give a directory or file name"),
@@ -309,7 +339,7 @@ def test_the_deep_variant_resumes_seed_by_seed_to_the_same_numbers(tmp_path):
     import dynamics
     kw = dict(seeds=(3, 4), steps=4, T=32, lr=3e-3)
     whole = dynamics.deep_variant(**kw)
-    with pytest.raises(dynamics.DeepStopped, match="at step 2 of 4 of seed 3"):
+    with pytest.raises(dynamics.Stopped, match="at step 2 of 4 of seed 3"):
         dynamics.deep_variant(**kw, out_dir=str(tmp_path), stop=2)
     assert sorted(os.listdir(tmp_path)) == ["deep_seed3.npz"]
     with pytest.raises(ValueError, match="has steps=4 but this run asks for 5"):
@@ -323,3 +353,74 @@ def test_the_deep_variant_resumes_seed_by_seed_to_the_same_numbers(tmp_path):
         assert [r[key] for r in resumed["per_seed"]] == [r[key] for r in whole["per_seed"]], key
         assert [r[key] for r in again["per_seed"]] == [r[key] for r in whole["per_seed"]], key   # read, not trained
     assert resumed["per_seed"][0]["train_loss_bits"] == whole["per_seed"][0]["train_loss_bits"]
+
+
+def test_the_one_head_run_resumes_to_the_same_numbers(tmp_path):
+    """--stop-after keeps the one-head run's step, its curves and its weights; --resume continues them (twice
+    here) to the numbers of a run never stopped, and the finished run keeps its metrics, not its progress."""
+    import dynamics
+    kw = dict(steps=6, seed=3, T=32, lr=0.05)
+    whole = dynamics.run_sticky(**kw)
+    out = str(tmp_path)
+    with pytest.raises(dynamics.Stopped, match="at step 2 of 6"):
+        dynamics.run_sticky(**kw, out_dir=out, stop=2)
+    assert os.listdir(tmp_path) == ["sticky_progress.npz"]
+    with pytest.raises(ValueError, match="has steps=6 but this run asks for 7"):
+        dynamics.one_head_progress(out, **{**kw, "steps": 7})
+    with pytest.raises(ValueError, match="has seed=3 but this run asks for 4"):
+        dynamics.one_head_progress(out, **{**kw, "seed": 4})
+    with pytest.raises(dynamics.Stopped, match="at step 4 of 6"):
+        dynamics.run_sticky(**kw, out_dir=out, stop=4, progress=dynamics.one_head_progress(out, **kw))
+    params, so_far = dynamics.one_head_progress(out, **kw)
+    assert so_far["step"] == 4 and len(so_far["loss"]) == 4 and len(so_far["seconds"]) == 5
+    resumed = dynamics.run_sticky(**kw, out_dir=out, progress=(params, so_far))
+    assert sorted(os.listdir(tmp_path)) == ["sticky_head.npz", "sticky_metrics.json"]
+    assert {k for k in whole if whole[k] != resumed[k]} == {"seconds"}
+    assert resumed["train_loss_curve_bits"][0] > resumed["train_loss_curve_bits"][-1]     # it trained: not a copy
+
+
+def test_compare_em_keeps_each_run_and_resumes_to_the_same_summary(tmp_path):
+    """Each arm of each seed is kept as it finishes; a comparison stopped after some of them and resumed reads
+    those (a kept number changed by hand shows through) and trains the rest, to the summary of one never stopped."""
+    import dynamics
+    import sticky
+    reference = dynamics.exact_bayes_reference(1.0, n=2, T=16)
+    data = lambda s: sticky.data(s, T=16)
+    kw = dict(name="long_chain", seeds=(1, 2), make_data=data, steps=4, mstep_steps=2, reference=reference)
+    units = lambda stop, done=None: dict(dir=str(tmp_path / "progress"), identity={"steps": 4}, stop=stop,
+                                         done=dict(done or {}), total=6)
+    whole, _ = dynamics.compare_setting(**kw, units=units(None))
+    os.rename(tmp_path / "progress", tmp_path / "whole")
+    with pytest.raises(dynamics.Stopped, match="after 4 of its 6 runs"):
+        dynamics.compare_setting(**kw, units=units(4))
+    assert sorted(os.listdir(tmp_path / "progress")) == ["long_chain-seed1-em.json", "long_chain-seed1-mstep.json",
+                                                         "long_chain-seed1-sgd.json", "long_chain-seed2-sgd.json"]
+    done = {name: json.load(open(tmp_path / "progress" / f"{name}.json"))["result"]
+            for name in ("long_chain-seed1-em", "long_chain-seed1-mstep", "long_chain-seed1-sgd", "long_chain-seed2-sgd")}
+    resumed, _ = dynamics.compare_setting(**kw, units=units(None, done))
+    timeless = lambda d: ({k: timeless(v) for k, v in d.items() if "seconds" not in k} if isinstance(d, dict) else
+                          [timeless(v) for v in d] if isinstance(d, list) else d)
+    assert timeless(resumed) == timeless(whole) and resumed["sgd"]["reached"] == 1
+    done["long_chain-seed1-sgd"]["heldout"]["loss_bits"] = 99.0                   # read, not trained again
+    tampered, _ = dynamics.compare_setting(**kw, units=units(None, done))
+    assert tampered["per_seed"][0]["sgd"]["heldout_loss_bits"] == 99.0
+    assert timeless(tampered["per_seed"][1]) == timeless(whole["per_seed"][1])
+
+
+def test_compare_em_progress_reads_only_its_own_runs(tmp_path):
+    """compare_em_progress: the runs of this comparison, by name; a stray file, another comparison's run and an
+    atomic write's leftover are told apart."""
+    import dynamics
+    folder = tmp_path / "progress"
+    folder.mkdir()
+    identity = dict(seeds=[1, 2], steps=5, quick=True, mstep_steps=None, transformer_steps=None, chain="exact", lr=0.01)
+    (folder / "sigma3_sgd.json").write_text(json.dumps(dict(identity, name="sigma3_sgd", seconds=2.5, result={"a": 1})))
+    (folder / ".tmp-x").write_text("half")
+    got = dynamics.compare_em_progress(str(tmp_path), seeds=(1, 2), steps=5, quick=True)
+    assert got == {"sigma3_sgd": {"result": {"a": 1}, "seconds": 2.5}}
+    with pytest.raises(ValueError, match="has steps=5 but this run asks for 6"):
+        dynamics.compare_em_progress(str(tmp_path), seeds=(1, 2), steps=6, quick=True)
+    (folder / "long_chain-seed9-sgd.json").write_text("{}")            # seed 9 is not one of this comparison's
+    with pytest.raises(ValueError, match="long_chain-seed9-sgd.json' is not one of compare-em's runs"):
+        dynamics.compare_em_progress(str(tmp_path), seeds=(1, 2), steps=5, quick=True)
+    assert len(dynamics.compare_em_runs((1, 2, 3, 4, 5))) == 33 and len(dynamics.compare_em_runs((1, 2, 3), True)) == 15

@@ -117,9 +117,9 @@ FLAGS = [
     dict(flag="--eval-seqs", type=int, default=EVAL_SEQS, where=TOKEN, run=True, legacy=EVAL_SEQS, evaluate=True,
          check=lambda v, a: None if v >= MIN_EVAL_SEQS else f"must be at least {MIN_EVAL_SEQS} (the single-sequence "
          "figure draws four)", help=f"held-out sequences for evaluation (default {EVAL_SEQS})"),
-    dict(flag="--stop-after", type=int, check=positive, where=(*TOKEN, "sticky:deep"), metavar="N",
+    dict(flag="--stop-after", type=int, check=positive, where=(*TOKEN, *SOME), metavar="N",
          help="stop after N steps with a checkpoint, as Ctrl-C would (continue with --resume); sticky --deep: the "
-              "seed in progress stops at its step N"),
+              "seed in progress stops at its step N; sticky --compare-em: after N of its runs"),
     dict(flag="--out", type=str, check=a_name, help="run directory (default runs/<task>-<model>-<preset>)"),
     dict(flag="--figures", type=str, check=a_name, where=TOKEN, evaluate=True, help="where the figures go (default: "
          "the run directory; --figures figures regenerates the ones the documents show)"),
@@ -127,9 +127,9 @@ FLAGS = [
          help="numba: the fast twins of kernels.py | numpy: the NumPy ops as written (slower; see the README)"),
     dict(flag="--eval-only", type=str, check=a_name, where=TOKEN, metavar="CHECKPOINT", evaluate=True,
          help="evaluate a checkpoint, no training (its task, settings and seed from its meta)"),
-    dict(flag="--resume", type=bool, where=(*TOKEN, "sticky:deep"), help="continue the run in --out from its "
+    dict(flag="--resume", type=bool, where=(*TOKEN, *SOME), help="continue the run in --out from its "
          "checkpoint (also after Ctrl-C, SIGTERM or SIGHUP; sticky --deep: from its finished seeds and the one in "
-         "progress)"),
+         "progress; sticky --compare-em: from its finished runs)"),
     dict(flag="--overwrite", type=bool, help="replace the run already in --out (its checkpoint, metrics, logs, "
          "snapshots and figures; Paper II's: its JSON and figures) instead of refusing"),
     dict(flag="--no-geometry", type=bool, where=TOKEN, help="skip the geometry probes (geometry.py) after training"),
@@ -246,10 +246,16 @@ def parse_args(argv=None):
 def check_relations(args, given):
     """The values that pass their own checks but not together: a baseline flag without a baseline, the model
     as its own baseline, a warm-up longer than the run, a stop after its last step."""
-    if args.task == STICKY:                                           # Paper II's: the deep variant's stop
-        if args.stop_after is not None and args.stop_after >= (args.steps or 1000):
-            fail(f"--stop-after {args.stop_after}: each seed ends at step {args.steps or 1000} anyway; give a step "
-                 f"before it, or leave --stop-after out")
+    if args.task == STICKY:                                           # Paper II's: a stop before the end
+        if args.stop_after is not None and args.compare_em:
+            import dynamics
+            total = len(dynamics.compare_em_runs(quick=args.preset == "quick"))
+            if args.stop_after >= total:
+                fail(f"--stop-after {args.stop_after}: --compare-em{' --preset quick' if args.preset == 'quick' else ''}"
+                     f" has {total} runs (each arm of each seed, and three more); allowed are 1..{total - 1}")
+        elif args.stop_after is not None and args.stop_after >= (args.steps or 1000):
+            fail(f"--stop-after {args.stop_after}: {'each seed' if args.deep else 'the run'} ends at step "
+                 f"{args.steps or 1000} anyway; give a step before it, or leave --stop-after out")
         return
     if args.no_baseline and given & {"--baseline", "--baseline-steps"}:
         fail(f"{min(given & {'--baseline', '--baseline-steps'})} and --no-baseline: there is no baseline to set")
@@ -866,62 +872,63 @@ def eval_only(args):
 # Paper II on the sticky chain: its experiments (dynamics.py), each through training.train
 
 def paper_two(args):
+    """Paper II's experiments. Like a token run, each keeps its progress in --out (the one-head run: its
+    step; --compare-em: each of its runs as it finishes; --deep: each finished seed and the one in
+    progress), stops at --stop-after or a stop signal, continues with --resume, and a finished one is
+    replaced only with --overwrite."""
     import dynamics
     where = context(args).split(":")[1]
+    steps, chain = args.steps or 1000, args.chain
     if where == "deep":
-        return deep(args, dynamics)
-    take(args, [name for name in dynamics.OUTPUTS[where] if os.path.lexists(os.path.join(args.out, name))],
-         resumable=False)
-    try:
-        if where == "compare-em":                            # SGD vs EM-like vs true M-step, 5 seeds (minutes)
-            return dynamics.compare_em(steps=args.steps or 1000, lr=args.lr or dynamics.SGD_LR, out_dir=args.out,
-                                       quick=args.preset == "quick", chain=args.chain)
-        metrics = dynamics.run_sticky(steps=args.steps or 1000, seed=args.seed, lr=args.lr or dynamics.SGD_LR,
-                                      sigma=args.sigma, out_dir=args.out, chain=args.chain)
-    except training.TrainingStopped as e:                    # a loss that turned non-finite
-        fail(str(e))
-    except training.Interrupted as e:                        # Ctrl-C, SIGTERM, SIGHUP: nothing half-written
-        print(f"\n{e}", file=sys.stderr)
-        sys.exit(130)
-    finally:
-        runs.release(args.out)
-    print(dynamics.sticky_table(metrics, os.path.join(args.out, "sticky_metrics.json")))
-    return metrics
-
-
-def deep(args, dynamics):
-    """The authors' deep variant, 5 seeds (an hour): like a token run, it keeps its progress in --out (each
-    finished seed, and the one in progress at --stop-after or a stop signal), continues it with --resume,
-    and a finished one is replaced only with --overwrite."""
-    steps, lr = args.steps or 1000, args.lr or dynamics.DEEP_LR
-    held = dynamics.deep_files(args.out) if os.path.isdir(args.out) else []
-    if args.resume and "deep_variant.json" in held:
-        fail(f"--resume: the deep variant in --out {args.out!r} is finished (deep_variant.json written); "
-             f"--overwrite replaces it")
-    if args.resume and not held:
-        fail(f"--resume: --out {args.out!r} holds no deep-variant run to continue")
-    take(args, held)
+        lr = args.lr or dynamics.DEEP_LR
+        read = lambda: dynamics.deep_progress(args.out, steps=steps, lr=lr, chain=chain)
+        done = lambda p: max((state[3] for state in p["states"].values()), default=0)
+        run = lambda p: dynamics.run_deep(chain, steps, args.out, lr=lr, stop=args.stop_after, progress=p)
+        what = "the seed in progress is already at step {}; give a later step"
+    elif where == "compare-em":
+        kw = dict(steps=steps, lr=args.lr or dynamics.SGD_LR, quick=args.preset == "quick", chain=chain)
+        read = lambda: dynamics.compare_em_progress(args.out, **kw)
+        done = len
+        run = lambda p: dynamics.compare_em(out_dir=args.out, stop=args.stop_after, progress=p, **kw)
+        what = "{} of its runs are already done; give a larger number"
+    else:
+        kw = dict(steps=steps, seed=args.seed, lr=args.lr or dynamics.SGD_LR, sigma=args.sigma, chain=chain)
+        read = lambda: dynamics.one_head_progress(args.out, **kw)
+        done = lambda p: p[1]["step"]
+        run = lambda p: dynamics.run_sticky(out_dir=args.out, stop=args.stop_after, progress=p, **kw)
+        what = "the run is already at step {}; give a later step"
+    held = dynamics.files(where, args.out) if os.path.isdir(args.out) else []
+    name = {"deep": "the deep variant", "compare-em": "the comparison (--compare-em)"}.get(where, "the one-head run")
+    if args.resume and dynamics.FINAL[where] in held:
+        fail(f"--resume: {name} in --out {args.out!r} is finished ({dynamics.FINAL[where]} written); --overwrite "
+             f"replaces it")
+    if args.resume and not dynamics.progress_files(held):
+        fail(f"--resume: --out {args.out!r} holds no progress of {name} to continue")
+    take(args, held, resumable=dynamics.FINAL[where] not in held)
     try:
         try:
-            progress = dynamics.deep_progress(args.out, steps=steps, lr=lr, chain=args.chain) if args.resume else None
+            progress = read() if args.resume else None
         except ValueError as e:
             fail(f"--resume: {e}")
-        at = max((state[3] for state in (progress or {"states": {}})["states"].values()), default=0)
-        if args.stop_after is not None and args.stop_after <= at:
-            fail(f"--stop-after {args.stop_after}: the seed in progress is already at step {at}; give a later step, or "
-                 f"leave --stop-after out to finish the run")
+        if args.stop_after is not None and progress is not None and args.stop_after <= done(progress):
+            fail(f"--stop-after {args.stop_after}: {what.format(done(progress))}, or leave --stop-after out to "
+                 f"finish the run")
         if args.overwrite:                                      # every check passed: now the old run goes
             runs.remove_run(args.out, held)
-        return dynamics.run_deep(args.chain, steps, args.out, lr=lr, stop=args.stop_after, progress=progress)
+        result = run(progress)
     except training.TrainingStopped as e:                        # a loss that turned non-finite
         fail(str(e))
-    except dynamics.DeepStopped as e:                            # saved at --stop-after: --resume continues
+    except dynamics.Stopped as e:                                # saved at --stop-after: --resume continues
         print(e)
+        return None
     except training.Interrupted as e:                            # saved at a stop signal: --resume continues
         print(f"\n{e}", file=sys.stderr)
         sys.exit(130)
     finally:
         runs.release(args.out)
+    if where == "one-head":
+        print(dynamics.sticky_table(result, os.path.join(args.out, "sticky_metrics.json")))
+    return result
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)   # finish the ste
 
 
 class Interrupted(Exception):
-    """Ctrl-C, SIGTERM or SIGHUP stopped a run that keeps no checkpoint (Paper II's); the message says where."""
+    """Ctrl-C, SIGTERM or SIGHUP stopped a run; the message says where, and what was kept to continue from."""
 
 
 class TrainingStopped(Exception):
