@@ -88,17 +88,8 @@ def _analyze(checkpoint_path, fig_dir, n_seqs, seed):
     authors = {"key_frame": authors_key_frame(params, cfg, task), "manifold": man["authors"],
                "frame_head": abl["authors_frame_head"], "frame_precision": fp["authors"] if fp else None}
 
-    figures = [plots.plot_key_frame(frame, matrices, cfg, title, fig("key_frame")),
-               plots.plot_attention_maps(cache, batch["tokens"][0], token_names(task, cfg, batch["tokens"][0]),
-                                         cfg, title, fig("attention_maps")),
-               plots.plot_attention_entropy(att, task, cfg, title, fig("attention_entropy")),
-               plots.plot_manifold(man, xy, title, fig("value_manifold")),
-               plots.plot_logit_lens(lens, title, fig("logit_lens")),
-               plots.plot_ablations(abl, title, fig("ablations"))]
     if fp is not None:
         fp["authors_number"] = AUTHORS_NUMBERS["frame_precision"]
-        figures.append(plots.plot_frame_precision(fp, title, fig("frame_precision")))
-
     out = plain({
         "checkpoint": os.path.abspath(checkpoint_path), "task": task, "settings": settings,
         "step": meta.get("step"), "train_seed": meta.get("seed"), "config": cfg.to_dict(), "probe_sequences": n_seqs, "probe_seed": seed,
@@ -106,8 +97,23 @@ def _analyze(checkpoint_path, fig_dir, n_seqs, seed):
         "authors": authors, "authors_definitions": AUTHORS_DEFINITIONS, "authors_numbers": AUTHORS_NUMBERS,
         "definitions": DEFINITIONS,
         "key_frame": frame, "attention": att, "manifold": man, "logit_lens": lens, "ablations": abl,
-        "frame_precision": fp, "figures": figures})
-    out["verdicts"] = plain(verdicts.judge(out))
+        "frame_precision": fp})
+    out["verdicts"] = v = plain(verdicts.judge(out))
+    # every figure draws the controls that decide its claim and prints the verdict of the same probes
+    rules = dict(sharp=verdicts.SHARP, sink_share=verdicts.SINK_SHARE, aligned=verdicts.SWAP_ALIGNED,
+                 independent=verdicts.SWAP_INDEPENDENT, noise_z=verdicts.NOISE_Z)
+    out["figures"] = [
+        plots.plot_key_frame(frame, matrices, cfg, title, fig("key_frame"), authors["key_frame"], v["key_frame"],
+                             verdicts.NOISE_Z),
+        plots.plot_attention_maps(cache, batch["tokens"][0], token_names(task, cfg, batch["tokens"][0]), cfg, title,
+                                  fig("attention_maps")),
+        plots.plot_attention_entropy(att, task, cfg, title, fig("attention_entropy"), v["sharpening"], **rules),
+        plots.plot_manifold(man, xy, title, fig("value_manifold"), v["manifold"]),
+        plots.plot_logit_lens(lens, title, fig("logit_lens")),
+        plots.plot_ablations(abl, title, fig("ablations"), v["frame_head"], verdicts.ESSENTIAL,
+                             verdicts.IN_DISTRIBUTION, verdicts.NOISE_Z)]
+    if fp is not None:
+        out["figures"].append(plots.plot_frame_precision(fp, title, fig("frame_precision"), v["frame_precision"]))
     write_json(os.path.join(run_dir, "geometry.json"), out)
     return out
 

@@ -562,11 +562,14 @@ def manifold_probe(cache, batch, task, proba=None):
            "graded_rows": "every row" if graded.all() else f"{graded.mean():.1%} of the rows",
            "split": split_name,
            "authors": authors_manifold(rows(cache["xf"]), h, pos, graded)}
-    # the figure: all rows, then the graded rows without the dominating positions (PCA refit on them)
+    # the figure: all rows (their positions, to mark the dominating ones), the graded rows without the
+    # dominating positions (PCA refit on them), and all rows after the final LayerNorm (the authors' view)
     keep = graded & ~np.isin(pos, out["residual_final"]["dominant_positions"])
     xy_all = ms.pca(resid_final)[0][:, :2]
     xy_graded = ms.pca(resid_final[keep])[0][:, :2] if keep.sum() > 2 else np.zeros((0, 2))
-    return out, dict(all=(xy_all, h), graded=(xy_graded, h[keep]), dominant=out["residual_final"]["dominant_positions"])
+    xy_ln = ms.pca(rows(cache["xf"]))[0][:, :2]
+    return out, dict(all=(xy_all, h), graded=(xy_graded, h[keep]), after_final_ln=(xy_ln, h), position=pos,
+                     dominant=out["residual_final"]["dominant_positions"])
 
 
 def authors_manifold(X, h_bayes, position, graded=None, n_pcs=5):

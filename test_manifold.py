@@ -519,3 +519,35 @@ def test_key_offset_and_participation_ratio_by_hand():
     assert ms.participation_ratio(np.outer(np.arange(1, 4), [1.0, 2.0])) == pytest.approx(1.0)
     assert ms.participation_ratio(np.diag([2.0, 1.0])) == pytest.approx(25 / 17)
     assert ms.dominant([1, 1, 1, 6]) == [3] and ms.dominant([1, 1, 1, 4]) == []
+
+
+def ablation_figure(monkeypatch, verdict, uniform=1.0, model=0.1):
+    """Draw plots.plot_ablations on two heads and keep the figure: -> (suptitle, the red tick labels)."""
+    import plots
+    kept = {}
+    monkeypatch.setattr(plots, "_save", lambda fig, path, dpi=120: kept.setdefault("fig", fig) and path)
+    head = lambda l, h, d: dict(layer=l, head=h, delta_kl_bits=d, delta_kl_se_bits=0.01, kl_bits=model + d)
+    methods = {m: {"heads": [head(0, 0, 0.8), head(0, 1, 0.6 if m == "position_mean" else 0.2)],
+                   "layers": [dict(layer=0, kl_bits=0.9)]} for m in ("zero", "position_mean", "resample")}
+    abl = dict(methods=methods, heads=[dict(layer=0, head=0), dict(layer=0, head=1)],
+               baseline=dict(kl_bits=model), uniform_kl_bits=uniform)
+    plots.plot_ablations(abl, "toy", "unused.png", verdict, 0.5, ("position_mean", "resample"))
+    fig = kept["fig"]
+    red = [t.get_text() for t in fig.axes[0].get_xticklabels() if t.get_color() == "C3"]
+    return fig._suptitle.get_text(), red
+
+
+def test_the_ablation_figure_marks_the_heads_its_verdict_names(monkeypatch):
+    """Red: the heads above the threshold under every method the rule reads (L0H0: both; L0H1: position mean
+    only), never under a verdict that did not judge; the verdict is printed in the title."""
+    controls = {"position_mean": {"heads above the threshold": ["L0H0", "L0H1"]},
+                "resample": {"heads above the threshold": ["L0H0"]},
+                "zero": {"heads above the threshold": ["L0H0", "L0H1"]}}
+    title, red = ablation_figure(monkeypatch, dict(outcome="supported", verdict="supported by KL: L0H0",
+                                                   controls=controls))
+    assert red == ["L0H0"] and "verdict: supported by KL: L0H0" in title
+    title, red = ablation_figure(monkeypatch, dict(outcome="not judged", verdict="not judged: not calibrated",
+                                                   controls=controls))
+    assert red == [] and "verdict: not judged: not calibrated" in title
+    _, red = ablation_figure(monkeypatch, dict(outcome="supported", verdict="x", controls=controls), uniform=0.05)
+    assert red == []                                         # a model worse than a uniform guess: no gap to judge
