@@ -7,6 +7,7 @@ says what the parameters must be. Loading never unpickles anything. `write_json`
 writer of the project: numpy numbers become plain ones, NaN and inf become null.
 """
 
+import dataclasses
 import json
 import math
 import os
@@ -51,7 +52,7 @@ class CheckpointNotSaved(Exception):
 
 def save_checkpoint(path, params, cfg, meta=None, opt_state=None):
     """params, cfg (its family's Config), meta (a dict naming at least the model) as an .npz at path, atomically."""
-    arrays = {"config": np.array(json.dumps(cfg.to_dict())), "meta": np.array(json.dumps(meta or {}))}
+    arrays = {"config": np.array(json.dumps(dataclasses.asdict(cfg))), "meta": np.array(json.dumps(meta or {}))}
     arrays.update({f"param:{k}": v for k, v in params.items()})
     if opt_state is not None:
         arrays["adam_t"] = np.array(opt_state["t"])

@@ -8,6 +8,7 @@ runs/<name>/geometry_<name>_*.png, and prints a summary.
 after training).
 """
 
+import dataclasses
 import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # see bayesattn.py: BLAS threads fight Numba's
@@ -92,7 +93,7 @@ def _analyze(checkpoint_path, fig_dir, n_seqs, seed):
         fp["authors_number"] = AUTHORS_NUMBERS["frame_precision"]
     out = plain({
         "checkpoint": os.path.abspath(checkpoint_path), "task": task, "settings": settings,
-        "step": meta.get("step"), "train_seed": meta.get("seed"), "config": cfg.to_dict(), "probe_sequences": n_seqs, "probe_seed": seed,
+        "step": meta.get("step"), "train_seed": meta.get("seed"), "config": dataclasses.asdict(cfg), "probe_sequences": n_seqs, "probe_seed": seed,
         "versions": versions(),
         "authors": authors, "authors_definitions": AUTHORS_DEFINITIONS, "authors_numbers": AUTHORS_NUMBERS,
         "definitions": DEFINITIONS,

@@ -63,6 +63,9 @@ TWINS = "lstm_twins"        # the module of this family's Numba twins (models.py
 # ----------------------------------------------------------------------------
 # configuration and initialisation
 
+FLAGS = {"--residual": dict(field="residual", type=str, help="lstm: on (default): x_l = x_{l-1} + h^l | off")}
+
+
 @dataclass
 class Config:
     vocab_size: int            # V, input tokens

@@ -60,6 +60,11 @@ TWINS = "mamba_twins"       # the module of this family's Numba twins (models.py
 # ----------------------------------------------------------------------------
 # configuration and initialisation
 
+FLAGS = {"--d-state": dict(field="d_state", type=int, help="ssm: the state size N per channel (default 16)"),
+         "--expand": dict(field="expand", type=int, help="ssm: the inner width E x d_model (default E = 2)"),
+         "--d-conv": dict(field="d_conv", type=int, help="ssm: the causal convolution's width (default 4)")}
+
+
 @dataclass
 class Config:
     vocab_size: int            # V, input tokens

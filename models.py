@@ -12,13 +12,15 @@ and, where it has them (a documented default applies where it does not):
     decayed(name, shape) -> bool               which parameters take weight decay; default: matrices
                                                (two or more axes) do, vectors and gains do not
     step_memory_bytes(cfg, B, T) -> int        the peak of one training step; default: the parameters
-                                               four times and DEFAULT_ACTIVATIONS activations of
-                                               (B, T, d_model) per layer
+                                               four times, DEFAULT_ACTIVATIONS activations of
+                                               (B, T, d_model) per layer (where it has them) and the logits
     step_flops(cfg, B, T) -> int               the floating-point operations of one training step (the
                                                progress bar's estimate of the time left); default:
                                                6 x parameters x B x T
     upgrade_fields(fields) -> fields           reads the config fields of older checkpoints
-    FLAGS = {flag: spec}                       command-line flags of the family's own config fields
+    FLAGS = {flag: dict(field, type, help[, check])}   command-line flags of the family's own Config
+                                               fields (check(value, args) -> what is wrong or None;
+                                               default: an int must be positive; else the Config's)
     PRESETS = {task: {preset: settings}}       presets of the family's own, over the task's
     PROBES = True                              geometry.py's probes apply (they read attention)
     TWINS = "module name"                      the module of the family's Numba twins, loaded with the family
@@ -149,8 +151,9 @@ def step_memory_bytes(name, cfg, B, T):
     mod = module(name)
     if hasattr(mod, "step_memory_bytes"):
         return int(mod.step_memory_bytes(cfg, B, T))
-    itemsize = 8 if cfg.dtype == "float64" else 4
-    activations = DEFAULT_ACTIVATIONS * B * T * cfg.d_model * cfg.n_layers + 3 * B * T * cfg.n_classes
+    itemsize = 8 if getattr(cfg, "dtype", "float32") == "float64" else 4
+    width, layers = getattr(cfg, "d_model", 0), getattr(cfg, "n_layers", 1)      # the shared fields it has
+    activations = DEFAULT_ACTIVATIONS * B * T * width * layers + 3 * B * T * cfg.n_classes
     return itemsize * (4 * count_params(param_shapes(name, cfg)) + activations)
 
 

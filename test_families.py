@@ -17,6 +17,7 @@ import json
 import os
 import sys
 import textwrap
+import types
 
 import layers as ly  # first: it pins OpenBLAS to one thread before NumPy loads
 import kernels
@@ -209,23 +210,18 @@ def test_decay_default_is_by_shape_not_by_name():
 # adding a family is one module and one registry entry
 
 TOY = '''
-"""toy: logits = W[token] + b, a bigram model (one position sees its own token only): a family in four functions."""
-from dataclasses import dataclass, asdict
+"""toy: logits = W[token] + b, a bigram model (one position sees its own token only): a family in four functions,
+with only the shared fields it needs and nothing else that models.py does not document."""
+from dataclasses import dataclass
 
 import numpy as np
 
 
 @dataclass
-class Config:
+class Config:                                                  # the bare minimum: no width, layers or length
     vocab_size: int
     n_classes: int
-    max_len: int = 64
-    d_model: int = 1
-    n_layers: int = 1
     dtype: str = "float32"
-
-    def to_dict(self):
-        return asdict(self)
 
 
 def init_params(cfg, seed=0):
@@ -268,3 +264,28 @@ def test_a_new_family_is_one_module_and_one_entry(tmp_path, monkeypatch, capsys)
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--heads" in err[0] and "toy" in err[0]
+
+
+def test_a_family_declares_its_own_flags(capsys, monkeypatch):
+    """A family's FLAGS join the one flag table: they set its Config's field, are refused in one line for a
+    family without that field, and one flag declared for two different fields fails when the table is built."""
+    import tasks
+    import train
+    args = train.parse_args(["--model", "ssm", "--d-state", "4", "--expand", "3"])
+    cfg = train.model_config(args, tasks.sizes(args.task, args.settings), "ssm")
+    assert (cfg.d_state, cfg.expand, cfg.d_conv) == (4, 3, 4)               # the one not typed: the Config's default
+    for argv, expected in ((["--model", "transformer", "--d-state", "8"],
+                            "--d-state does not apply to --model transformer (its Config has no d_state)"),
+                           (["--model", "ssm", "--d-state", "0"], "--d-state 0: must be a positive integer"),
+                           (["--model", "lstm", "--residual", "maybe"], "--residual 'maybe': allowed are on, off")):
+        with pytest.raises(SystemExit) as e:
+            train.parse_args(argv) if "lstm" not in argv else train.model_config(
+                train.parse_args(argv), tasks.sizes("bijection", train.parse_args(argv).settings), "lstm")
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 2 and len(err) == 1 and expected in err[0], err
+    clash = types.ModuleType("_clash_family")
+    clash.FLAGS = {"--d-state": dict(field="width_of_state", type=int, help="x")}
+    monkeypatch.setitem(sys.modules, "_clash_family", clash)
+    monkeypatch.setitem(models.FAMILIES, "_clash", "_clash_family")
+    with pytest.raises(ValueError, match="--d-state: --model _clash declares it for its field 'width_of_state'"):
+        train.flag_table()

@@ -20,6 +20,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
 import argparse  # noqa: E402
 import csv  # noqa: E402
+import dataclasses
 import json  # noqa: E402
 import math  # noqa: E402
 import re  # noqa: E402
@@ -91,7 +92,8 @@ FLAGS = [
          help="layers (the MLP: residual blocks)"),
     dict(flag="--heads", field="n_heads", type=int, check=positive, where=TOKEN, preset=True,
          help="attention heads (must divide the width)"),
-    dict(flag="--pos", field="pos", type=str, where=TOKEN, help="positions: learned (the default) | sinusoidal"),
+    dict(flag="--pos", field="pos", type=str, where=TOKEN, help="positions (the families that have them): the "
+         "transformer learned (default) | sinusoidal; the LSTM none (default) | learned"),
     dict(flag="--init", field="init", type=str, where=TOKEN, preset=True,
          help="initialisation: gpt2 (N(0, 0.02)) | fan-in (N(0, 1/fan_in) matrices, N(0, 1) embeddings)"),
     dict(flag="--dtype", field="dtype", type=str, where=TOKEN, help="float32 (the default) | float64"),
@@ -149,8 +151,19 @@ FLAGS = [
 
 
 def flag_table():
-    """FLAGS and the registered tasks' own flags, as {flag: row}; a flag several tasks declare applies to each."""
+    """FLAGS, the registered families' own flags and the registered tasks' own flags, as {flag: row}; a flag
+    several tasks declare applies to each; a family's flag sets a field of its Config, and is refused for a
+    --model whose Config lacks that field (several families may declare one field's flag, not one flag for
+    two fields)."""
     table = {row["flag"]: dict(row) for row in FLAGS}
+    for name in models.FAMILIES:
+        for flag, spec in getattr(models.module(name), "FLAGS", {}).items():
+            check = spec.get("check", positive if spec["type"] is int else None)   # else: the Config's own check
+            row = table.setdefault(flag, dict(flag=flag, field=spec["field"], type=spec["type"], where=TOKEN,
+                                              help=spec["help"], **({"check": check} if check else {})))
+            if row.get("field") != spec["field"]:
+                raise ValueError(f"{flag}: --model {name} declares it for its field {spec['field']!r}, another "
+                                 f"family or the shared table for {row.get('field')!r}")
     for name in tasks.TASKS:
         for flag, spec in tasks.task(name).FLAGS.items():
             row = table.setdefault(flag, dict(flag=flag, dest=spec["setting"], type=spec["type"], setting=True,
@@ -350,7 +363,7 @@ def fit_positions(cfg, sizes):
 def baseline_config(name, main_cfg, target_params):
     """The baseline's Config: the main model's shared fields it declares, the width matched to target_params."""
     fields = models.config_fields(name)
-    shared = {k: v for k, v in main_cfg.to_dict().items() if k in fields and k != "d_model" and k in models.SHARED_FIELDS}
+    shared = {k: v for k, v in dataclasses.asdict(main_cfg).items() if k in fields and k != "d_model" and k in models.SHARED_FIELDS}
     return models.match_capacity(name, shared, target_params)
 
 
@@ -667,7 +680,7 @@ def token_run(args, sizes, cfg):
             metrics, t = evaluate_run(args, name, prm, mcfg)
             metrics = dict(task=args.task, model=name, params=models.count_params(prm), steps=step,
                            seconds=round(seconds, 1), targets="soft" if args.soft else "sampled",
-                           prior_gap_bits=gap, config=mcfg.to_dict(), **metrics, versions=versions())
+                           prior_gap_bits=gap, config=dataclasses.asdict(mcfg), **metrics, versions=versions())
             write_json(os.path.join(args.out, runs.metrics_name(name, main_model)), metrics)
             results[name] = metrics
             traces = traces or t
@@ -756,7 +769,7 @@ def load_for_resume(args, name, main, cfg, steps=None):
     if opt_state is None:
         fail(f"--resume: checkpoint {path!r} holds no optimiser state")
     flags = {row["field"]: row["flag"] for row in flag_table().values() if row.get("field")}
-    different = [k for k in cfg.to_dict() if k != "pos_limit" and getattr(ckpt_cfg, k) != getattr(cfg, k)]
+    different = [k for k in dataclasses.asdict(cfg) if k != "pos_limit" and getattr(ckpt_cfg, k) != getattr(cfg, k)]
     shown = [k for k in different if k in flags] or different        # the flags' fields (d_mlp follows --width)
     if different:
         fail(f"--resume: checkpoint {path!r} holds {', '.join(f'{flags.get(k, k)} {getattr(ckpt_cfg, k)}' for k in shown)}, "
