@@ -177,23 +177,35 @@ def step_flops(name, cfg, B, T):
     return 6 * count_params(param_shapes(name, cfg)) * B * T
 
 
-def match_capacity(name, fields, target_params, tol=MATCH_TOL):
-    """The family's Config at fields, with the d_model whose parameter count is closest to target_params
-    (the smaller width on a tie); ValueError if it is not within tol. The count must grow with d_model."""
-    count = lambda H: count_params(param_shapes(name, make_config(name, **{**fields, "d_model": H})))
+def match_capacity(name, fields, target_params, tol=MATCH_TOL, max_width=1 << 16):
+    """The family's Config at fields, with the d_model whose parameter count (every parameter: embeddings,
+    position tables and head included) is closest to target_params (the smaller width on a tie);
+    ValueError if it is not within tol. The widths tried are the multiples of the smallest width the
+    family's Config accepts at fields (the transformer's: of n_heads); the count must grow with d_model."""
+    shown = ", ".join(f"{k}={v}" for k, v in fields.items() if k not in ("dtype",)) or "its defaults"
+
+    def accepts(H):
+        try:
+            make_config(name, **{**fields, "d_model": H})
+            return True
+        except ValueError:
+            return False
+    step = next((H for H in range(1, 1025) if accepts(H)), None)
+    if step is None:
+        raise ValueError(f"{name} accepts no width up to 1024 at {shown}")
+    count = lambda k: count_params(param_shapes(name, make_config(name, **{**fields, "d_model": k * step})))
     hi = 1
-    while count(hi) < target_params:                                # exponential search, then bisection,
-        hi *= 2                                                     # for the first width reaching the target
+    while count(hi) < target_params and hi * step < max_width:     # exponential search, then bisection, for
+        hi *= 2                                                     # the first multiple reaching the target
     lo = hi // 2 + 1 if hi > 1 else 1
     while lo < hi:
         mid = (lo + hi) // 2
         lo, hi = (mid + 1, hi) if count(mid) < target_params else (lo, mid)
-    H = hi
-    if H > 1 and target_params - count(H - 1) <= count(H) - target_params:
-        H -= 1
-    error = abs(count(H) - target_params) / target_params
+    k = hi
+    if k > 1 and target_params - count(k - 1) <= count(k) - target_params:
+        k -= 1
+    error = abs(count(k) - target_params) / target_params
     if error > tol:
-        shown = ", ".join(f"{k}={v}" for k, v in fields.items() if k not in ("dtype",))
-        raise ValueError(f"no width of {name} matches {target_params} parameters within {tol:.0%} at {shown}: "
-                         f"closest is d_model={H} with {count(H)} ({error:.1%} off)")
-    return make_config(name, **{**fields, "d_model": H})
+        raise ValueError(f"no width of {name} matches {target_params:,} parameters within {tol:.0%} at {shown}: "
+                         f"closest is d_model={k * step} with {count(k):,} ({error:.1%} off)")
+    return make_config(name, **{**fields, "d_model": k * step})

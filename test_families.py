@@ -13,6 +13,7 @@ And the registry itself: adding a family is one module and one entry (a toy fami
 temporary module, trains, resumes, evaluates and refuses a flag it lacks through train.py).
 """
 
+import dataclasses
 import json
 import os
 import sys
@@ -289,3 +290,34 @@ def test_a_family_declares_its_own_flags(capsys, monkeypatch):
     monkeypatch.setitem(models.FAMILIES, "_clash", "_clash_family")
     with pytest.raises(ValueError, match="--d-state: --model _clash declares it for its field 'width_of_state'"):
         train.flag_table()
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_params_sizes_every_family_within_five_percent_at_the_best_allowed_width(name):
+    """--params N: every parameter counts; the width is the allowed one whose count is nearest N (its
+    allowed neighbours are farther), within 5%; the other sizes stay as given (the transformer: 4 heads, so
+    a width of a multiple of 4)."""
+    import train
+    target = 400000                                              # fine enough for 4 heads at 2 layers
+    args = train.parse_args(["--model", name, "--task", "sawtooth", "--preset", "quick", "--params", str(target)]
+                            + (["--heads", "4"] if name == "transformer" else []))
+    cfg = train.model_config(args, tasks.sizes("sawtooth", args.settings), name)
+    count = lambda H: models.count_params(models.param_shapes(name, models.make_config(
+        name, **{**dataclasses.asdict(cfg), "d_model": H})))
+    step = 4 if name == "transformer" else 1
+    H = cfg.d_model
+    assert H % step == 0 and abs(count(H) - target) <= 0.05 * target
+    assert abs(count(H) - target) <= min(abs(count(H + step) - target), abs(count(H - step) - target))
+    assert cfg.n_layers == args.layers                                    # the preset's depth, kept
+
+
+def test_params_refuses_what_it_cannot_size(capsys):
+    import train
+    for argv, expected in ((["--params", "30000", "--width", "64"],
+                            "--params 30000 and --width 64: --params finds the width; give one of them"),
+                           (["--params", "10"], "--params 10: no width of transformer matches 10 parameters within 5%")):
+        with pytest.raises(SystemExit) as e:
+            args = train.parse_args(argv)
+            train.model_config(args, tasks.sizes(args.task, args.settings), args.model)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 2 and len(err) == 1 and expected in err[0], err

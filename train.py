@@ -90,6 +90,9 @@ FLAGS = [
          help="model width d_model"),
     dict(flag="--layers", field="n_layers", type=int, check=positive, where=TOKEN, preset=True,
          help="layers (the MLP: residual blocks)"),
+    dict(flag="--params", type=int, check=positive, where=TOKEN, metavar="N",
+         help="size the model to N parameters (within 5%%; every parameter counts: embeddings, position tables "
+              "and head): the width is found under the family's constraints, its other sizes as given"),
     dict(flag="--heads", field="n_heads", type=int, check=positive, where=TOKEN, preset=True,
          help="attention heads (must divide the width)"),
     dict(flag="--pos", field="pos", type=str, where=TOKEN, help="positions (the families that have them): the "
@@ -274,6 +277,8 @@ def check_relations(args, given):
         fail(f"{min(given & {'--baseline', '--baseline-steps'})} and --no-baseline: there is no baseline to set")
     if "--baseline" in given and args.baseline == args.model:
         fail(f"--baseline {args.baseline}: it is the --model itself; give another family, or --no-baseline")
+    if {"--params", "--width"} <= given:
+        fail(f"--params {args.params} and --width {args.width}: --params finds the width; give one of them")
     if "--warmup" in given and args.warmup > args.steps:
         fail(f"--warmup {args.warmup}: longer than the run (--steps {args.steps}); allowed are 0..{args.steps}")
     last = max(args.steps, 0 if args.no_baseline or args.baseline == args.model else args.baseline_steps or 0)
@@ -334,9 +339,14 @@ def model_config(args, sizes, name):
                    if row.get("field") in fields and getattr(args, row["dest"]) is not None})
     values = {k: v for k, v in values.items() if k in fields}
     try:
-        cfg = models.make_config(name, **values)
+        if getattr(args, "params", None) is not None:               # the width from the parameter count
+            if "d_model" not in fields:
+                fail(f"--params {args.params}: --model {name} has no width to size (its Config has no d_model)")
+            cfg = models.match_capacity(name, {k: v for k, v in values.items() if k != "d_model"}, args.params)
+        else:
+            cfg = models.make_config(name, **values)
     except (TypeError, ValueError) as e:
-        fail(in_flags(str(e), table, name))
+        fail(in_flags(str(e), table, name) if getattr(args, "params", None) is None else f"--params {args.params}: {e}")
     return fit_positions(cfg, sizes)
 
 
