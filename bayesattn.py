@@ -40,6 +40,17 @@ import numpy as np  # noqa: E402  (after layers: it pins OpenBLAS to one thread 
 
 INITS = ("gpt2", "fan-in")  # Config.init: how init_params draws the weights
 PROBES = True               # geometry.py's probes read this family's attention (cache["layers"][l]["alpha"], ...)
+# its sizes in each task's presets (the task's own: batch, steps, learning rate). Heads of 32, at least the 20
+# hypotheses, so that the key frame could be orthogonal; the sawtooth: fan-in init (without it the lookup
+# does not form within the budget, RESULTS.md) and 2 layers for time; the HMM: heads of 16
+PRESETS = {
+    "bijection": {"quick": dict(width=32, layers=2, heads=2), "default": dict(width=64, layers=3, heads=2),
+                  "paper": dict(width=64, layers=3, heads=2)},
+    "sawtooth": {"quick": dict(width=32, layers=2, heads=2, init="fan-in"),
+                 **{p: dict(width=64, layers=2, heads=2, init="fan-in") for p in ("first", "default", "paper")}},
+    "hmm": {"quick": dict(width=32, layers=2, heads=2), "default": dict(width=64, layers=4, heads=4),
+            "paper": dict(width=96, layers=6, heads=6)},
+}
 
 
 # ----------------------------------------------------------------------------

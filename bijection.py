@@ -27,13 +27,12 @@ FLAGS = {"--V": dict(setting="V", type=int, check=check_V,
                      help="bijection, sawtooth: number of keys (= values), n_pairs = V - 1 pairs (default 20)")}
 PRESETS = {
     # lr is the peak of warm-up + cosine, decayed to lr * lr_floor (lr_floor 0.1 unless a preset says otherwise)
-    "quick":   dict(width=32, layers=2, heads=2, batch=32, steps=60, lr=3e-3, warmup=10),
-    # heads of 32, at least the 20 hypotheses (the value tokens), so the key frame could be orthogonal
-    "default": dict(width=64, layers=3, heads=2, batch=64, steps=3000, lr=3e-3, warmup=100, weight_decay=0.0),
+    # the model's sizes are its family's (bayesattn.PRESETS, mlp_baseline.PRESETS)
+    "quick":   dict(batch=32, steps=60, lr=3e-3, warmup=10),
+    "default": dict(batch=64, steps=3000, lr=3e-3, warmup=100, weight_decay=0.0),
     # many small steps: per sample, batch 16 pulls the leaked mass off seen values faster than batch 256;
     # at this size a second Numba thread costs more than it gives, so the run uses one
-    "paper":   dict(width=64, layers=3, heads=2, batch=16, steps=130000, lr=3e-3, warmup=400, lr_floor=0.0,
-                    weight_decay=0.0, threads=1),
+    "paper":   dict(batch=16, steps=130000, lr=3e-3, warmup=400, lr_floor=0.0, weight_decay=0.0, threads=1),
 }
 
 

@@ -31,9 +31,10 @@ def check_n_obs(n_obs, s):
 FLAGS = {"--K": dict(setting="n_obs", type=int, check=check_n_obs,
                      help="hmm: observations per training sequence (default 20)")}
 PRESETS = {
-    "quick":   dict(width=32, layers=2, heads=2, batch=16, steps=40, lr=3e-3, warmup=10),
-    "default": dict(width=64, layers=4, heads=4, batch=32, steps=3000, lr=2e-3, warmup=100),
-    "paper":   dict(width=96, layers=6, heads=6, batch=32, steps=17000, lr=1.5e-3, warmup=300, lr_floor=0.0),
+    # the model's sizes are its family's (bayesattn.PRESETS, mlp_baseline.PRESETS)
+    "quick":   dict(batch=16, steps=40, lr=3e-3, warmup=10),
+    "default": dict(batch=32, steps=3000, lr=2e-3, warmup=100),
+    "paper":   dict(batch=32, steps=17000, lr=1.5e-3, warmup=300, lr_floor=0.0),
 }
 
 

@@ -58,6 +58,14 @@ LEGACY_FIELDS = {"width": "d_model", "n_blocks": "n_layers"}   # checkpoints wri
 # ----------------------------------------------------------------------------
 # configuration and parameters
 
+# run alone (--model mlp, --model prefix-mlp), each task's presets give it the transformer's width and
+# depth (as the baseline of a run, it is sized to the model's parameter count instead)
+PRESETS = {task: {p: dict(width=w, layers=l) for p, (w, l) in sizes.items()} for task, sizes in {
+    "bijection": {"quick": (32, 2), "default": (64, 3), "paper": (64, 3)},
+    "sawtooth": {"quick": (32, 2), "first": (64, 2), "default": (64, 2), "paper": (64, 2)},
+    "hmm": {"quick": (32, 2), "default": (64, 4), "paper": (96, 6)}}.items()}
+
+
 @dataclass
 class Config:
     vocab_size: int            # V, input tokens

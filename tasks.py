@@ -4,7 +4,8 @@ A task is one module exposing
     SETTINGS = {name: default}            its settings (a run's meta records them); s below is such a dict
     FLAGS = {flag: spec}                  the command-line flags that set them: spec = dict(setting, type,
                                           check(value, s) -> None or what is wrong, help)
-    PRESETS = {preset: {flag dest: value}}   sizes and optimisation of the presets (quick, default, paper)
+    PRESETS = {preset: {flag dest: value}}   optimisation and data of the presets (quick, default, paper);
+                                          the model's sizes are its family's (models.py: PRESETS)
     sizes(s) -> dict(vocab, classes, max_len, eval_len)   input tokens, output classes, the training
                                           length and the longest evaluated length (>= max_len)
     sample(rng, n, s, step=None) -> batch  n sequences with exact posteriors (windtunnels.py says what a

@@ -308,7 +308,7 @@ def test_params_sizes_every_family_within_five_percent_at_the_best_allowed_width
     H = cfg.d_model
     assert H % step == 0 and abs(count(H) - target) <= 0.05 * target
     assert abs(count(H) - target) <= min(abs(count(H + step) - target), abs(count(H - step) - target))
-    assert cfg.n_layers == args.layers                                    # the preset's depth, kept
+    assert cfg.n_layers == (args.layers or models.config_fields(name)["n_layers"])   # the depth given, kept
 
 
 def test_params_refuses_what_it_cannot_size(capsys):
@@ -321,3 +321,21 @@ def test_params_refuses_what_it_cannot_size(capsys):
             train.model_config(args, tasks.sizes(args.task, args.settings), args.model)
         err = capsys.readouterr().err.strip().splitlines()
         assert e.value.code == 2 and len(err) == 1 and expected in err[0], err
+
+
+def test_sizes_belong_to_the_family_not_to_the_task():
+    """A task's preset sets the optimisation; the sizes are the family's: the transformer's tuned ones where it
+    names them, the LSTM's Config defaults where it names none (not the transformer's 3 layers and fan-in)."""
+    import lstm
+    import train
+    a = train.parse_args(["--task", "bijection", "--preset", "default", "--model", "lstm"])
+    cfg = train.model_config(a, tasks.sizes("bijection", a.settings), "lstm")
+    assert (cfg.d_model, cfg.n_layers) == (lstm.Config.d_model, lstm.Config.n_layers) == (64, 2)
+    assert (a.batch, a.steps, a.lr) == (64, 3000, 3e-3)                      # the task's, for every family
+    t = train.parse_args(["--task", "bijection", "--preset", "default"])
+    assert (t.width, t.layers, t.heads) == (64, 3, 2)
+    s = train.parse_args(["--task", "sawtooth", "--preset", "default", "--model", "lstm"])
+    assert s.init is None and train.model_config(s, tasks.sizes("sawtooth", s.settings), "lstm").init == lstm.Config.init
+    meta = train.run_meta(s, "lstm", 0, 10)
+    assert "init" in meta and "heads" not in meta and meta["model"] == "lstm"
+    assert "init" not in train.run_meta(s, "mlp", 0, 10)                    # the MLP's Config has no init

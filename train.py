@@ -245,7 +245,8 @@ def parse_args(argv=None):
         field = table[flag].get("field")
         if field is not None and field not in fields:
             fail(f"{flag} does not apply to --model {args.model} (its Config has no {field})")
-    preset = {**tasks.task(args.task).PRESETS[args.preset], **family_presets(args.model, args.task).get(args.preset, {})}
+    preset = {**tasks.task(args.task).PRESETS.get(args.preset, {}),          # the task's optimisation and data,
+              **family_presets(args.model, args.task).get(args.preset, {})}   # the family's sizes (its defaults else)
     fill_defaults(table, args, preset, where)
     for flag, row in table.items():
         if getattr(args, row["dest"]) is not None and (flag in given or row.get("preset") or row.get("setting")):
@@ -395,9 +396,9 @@ def run_meta(args, model, step, steps, seconds=0.0):
     """What a checkpoint records of its run: every flag of the run's identity, the task's settings, the model."""
     meta = {row["dest"]: getattr(args, row["dest"]) for row in flag_table().values()
             if row.get("run") and not row.get("setting")}
+    own = models.config_fields(model)                                  # only the fields this family has
     meta.update(args.settings, model=model, step=step, steps=steps, seconds=round(seconds, 2),
-                pos=getattr(args, "pos", None), init=getattr(args, "init", None), dtype=getattr(args, "dtype", None),
-                versions=versions())
+                **{k: getattr(args, k, None) for k in ("pos", "init", "dtype") if k in own}, versions=versions())
     return meta
 
 
