@@ -266,7 +266,6 @@ def forward(params, tokens, cfg, head_mask=None, patch=None):
     cache["resid"] lists the residual stream before each block and after the last; cache["xf"] is the
     final LayerNorm's output.
     """
-    tokens = ly.checked_tokens(tokens, cfg.vocab_size)
     B, T = tokens.shape
     x, embedding = ly.embedding_forward(params["wte"], position_table(params, cfg, T), tokens)  # (B, T, C)
     logits, cache = forward_embedded(params, x.astype(cfg.dtype), cfg, head_mask, patch)

@@ -80,7 +80,7 @@ def bits(nats):
 
 def checked_tokens(tokens, vocab_size):
     """tokens as an array (B, T) of ids in 0..vocab_size-1; ValueError naming the shape or the range otherwise
-    (a family's forward calls it first: wte[-1] would otherwise read a row without a word)."""
+    (models.forward calls it for every family: wte[-1] would otherwise read a row without a word)."""
     tokens = np.asarray(tokens)
     if tokens.ndim != 2:
         raise ValueError(f"tokens must have shape (B, T), got {tokens.shape}")

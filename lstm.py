@@ -256,7 +256,6 @@ def position_rows(cfg, T):
 def forward(params, tokens, cfg):
     """tokens (B, T) int -> logits (B, T, K), cache. cache["resid"] lists the stream x_0..x_L (B, T, C);
     cache["xf"] is the final LayerNorm's output."""
-    tokens = ly.checked_tokens(tokens, cfg.vocab_size)
     B, T = tokens.shape
     if cfg.pos == "learned":
         if T > cfg.max_len:

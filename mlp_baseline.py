@@ -182,7 +182,6 @@ def prefix_linear_backward(dh, cache):
 def forward(params, tokens, cfg):
     """tokens (B, T) int -> logits (B, T, K), cache. cache["resid"] lists the residual stream
     (B, T, H) after the input layer and after each block."""
-    tokens = ly.checked_tokens(tokens, cfg.vocab_size)
     if tokens.shape[1] > cfg.max_len:
         raise ValueError(f"sequence length {tokens.shape[1]} exceeds max_len={cfg.max_len} of this MLP")
     if cfg.inputs == "token":                                       # h_t = wte[tok_t] + wpe[t]: no mixing

@@ -128,21 +128,26 @@ def decay_set(name, params):
     return {k for k, v in params.items() if decayed(name, k, v.shape)}
 
 
+def forward(name, params, tokens, cfg):
+    """The family's forward on tokens checked once here for every family: an array (B, T) of ids in
+    0..vocab_size-1 (wte[-1] would otherwise read a row without a word); ValueError naming the shape or range."""
+    return module(name).forward(params, ly.checked_tokens(tokens, cfg.vocab_size), cfg)
+
+
 def loss_and_grads(name, params, tokens, targets, mask, cfg):
     """Mean cross-entropy (nats) over the supervised positions and its gradient for every parameter.
     targets (B, T) class indices or (B, T, K) probabilities; mask (B, T)."""
     mod = module(name)
-    logits, cache = mod.forward(params, tokens, cfg)
+    logits, cache = forward(name, params, tokens, cfg)
     loss, dlogits = ly.cross_entropy(logits, targets, mask)
     return loss, mod.backward(dlogits, cache, params, cfg)
 
 
 def predict_proba(name, params, tokens, cfg, batch=256):
     """The model's predictive distributions (B, T, K) in float64, evaluated in chunks of `batch` sequences."""
-    mod = module(name)
     out = []
     for i in range(0, len(tokens), batch):
-        logits, _ = mod.forward(params, tokens[i:i + batch], cfg)
+        logits, _ = forward(name, params, tokens[i:i + batch], cfg)
         out.append(ly.softmax.numpy(logits.astype(np.float64)))
     return np.concatenate(out)
 

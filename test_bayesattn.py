@@ -659,7 +659,7 @@ def test_config_rejects_bad_values():
         ba.Config(vocab_size=5, n_classes=5, pos="rope")
     cfg, params = tiny_model()
     with pytest.raises(ValueError, match="token ids must lie in 0..6"):
-        ba.forward(params, np.array([[0, 7]]), cfg)
+        models.forward("transformer", params, np.array([[0, 7]]), cfg)
     with pytest.raises(ValueError, match="class targets must lie in 0..4"):
         layers.cross_entropy(np.zeros((1, 2, 5)), np.array([[0, 5]]), np.ones((1, 2)))
     with pytest.raises(ValueError, match="exceeds max_len=6"):

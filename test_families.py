@@ -339,3 +339,18 @@ def test_sizes_belong_to_the_family_not_to_the_task():
     meta = train.run_meta(s, "lstm", 0, 10)
     assert "init" in meta and "heads" not in meta and meta["model"] == "lstm"
     assert "init" not in train.run_meta(s, "mlp", 0, 10)                    # the MLP's Config has no init
+
+
+def test_tokens_are_checked_once_for_every_family(tmp_path, monkeypatch):
+    """The bare toy family checks nothing itself; models.forward (and so the loss and the predictions) refuses
+    a token id out of range or a batch that is not (B, T) for it as for every family."""
+    (tmp_path / "toy_family.py").write_text(textwrap.dedent(TOY))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(models.FAMILIES, "toy", "toy_family")
+    cfg = models.make_config("toy", vocab_size=5, n_classes=3)
+    params = models.init_params("toy", cfg)
+    assert models.forward("toy", params, np.array([[0, 4]]), cfg)[0].shape == (1, 2, 3)
+    with pytest.raises(ValueError, match="token ids must lie in 0..4, got 0..5"):
+        models.loss_and_grads("toy", params, np.array([[0, 5]]), np.array([[0, 1]]), np.ones((1, 2)), cfg)
+    with pytest.raises(ValueError, match=r"tokens must have shape \(B, T\), got \(2,\)"):
+        models.predict_proba("toy", params, np.array([0, 1]), cfg)

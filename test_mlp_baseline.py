@@ -203,7 +203,7 @@ def test_config_and_inputs_rejected():
         models.make_config("mlp", vocab_size=4, n_classes=3, max_len=5, inputs="prefix")
     mcfg, params = tiny_mlp()
     with pytest.raises(ValueError, match="token ids must lie in 0..3"):
-        mb.forward(params, np.array([[0, 4]]), mcfg)
+        models.forward("mlp", params, np.array([[0, 4]]), mcfg)
     with pytest.raises(ValueError, match="exceeds max_len=5"):
         mb.forward(params, np.zeros((1, 6), dtype=int), mcfg)
     assert mb.Config(**mcfg.to_dict()) == mcfg
