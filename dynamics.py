@@ -827,7 +827,7 @@ def deep_progress(out_dir, seeds=SEEDS, steps=1000, lr=DEEP_LR, T=2000, chain="e
 
 def files(experiment, out_dir, seeds=SEEDS):
     """The files of a Paper II run (one-head, compare-em, deep) in out_dir: its results and its progress."""
-    names = OUTPUTS.get(experiment) or ["deep_variant.json", *(f"deep_seed{s}.{e}" for s in seeds
+    names = OUTPUTS.get(experiment) or ["deep_variant.json", "deep_variant.png", *(f"deep_seed{s}.{e}" for s in seeds
                                                                for e in ("json", "npz"))]
     return [n for n in names if os.path.lexists(os.path.join(out_dir, n))]
 
@@ -837,18 +837,19 @@ def progress_files(held):
     return [n for n in held if n in ("sticky_progress.npz", "progress") or n.startswith("deep_seed")]
 
 
-def run_deep(chain="exact", steps=1000, out_dir=None, seeds=SEEDS, lr=DEEP_LR, stop=None, progress=None):
+def run_deep(chain="exact", steps=1000, out_dir=None, seeds=SEEDS, lr=DEEP_LR, stop=None, progress=None, T=2000):
     """The deep variant over the seeds; writes deep_variant.json to out_dir (default
     runs/deep-variant[-authors-chain]), keeping its progress there seed by seed (deep_variant). -> the dict."""
     out_dir = out_dir or default_out_dir(chain, what="deep-variant")
     os.makedirs(out_dir, exist_ok=True)
-    out = plain(deep_variant(seeds=seeds, steps=steps, lr=lr, chain=chain, out_dir=out_dir, stop=stop,
+    out = plain(deep_variant(seeds=seeds, steps=steps, lr=lr, T=T, chain=chain, out_dir=out_dir, stop=stop,
                              progress=progress))
     path = os.path.join(out_dir, "deep_variant.json")
+    plots.plot_deep_variant(out, os.path.join(out_dir, "deep_variant.png"))
     write_json(path, {**out, "per_seed": [{k: v for k, v in r.items() if k != "train_loss_bits"}
                                           for r in out["per_seed"]]})
     print(f"deep variant ({chain} chain): held-out {out['test_loss_bits_mean']:.4f} +- {out['test_loss_std_bits']:.4f} "
           f"bits, exact Bayes {out['test_bayes_loss_bits_mean']:.4f}, bound {out['config']['bound_bits']:.4f}, "
-          f"KL {out['test_kl_bits_mean']:.4f}; wrote {path}")
+          f"KL {out['test_kl_bits_mean']:.4f}; wrote {path} and deep_variant.png")
     return out
 

@@ -748,3 +748,47 @@ def plot_two_timescales(out, path):
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return path
+
+
+def plot_deep_variant(out, path):
+    """Paper II's deep variant, one line per seed: the training loss over the steps against the exact Bayes
+    predictor's loss on the held-out chains and the bound H(Y_t+1 | Y_t); then per seed the held-out loss
+    beside exact Bayes on the same chain, with the KL between them."""
+    plt = _plt()
+    from matplotlib.ticker import MaxNLocator
+    cfg, rows = out["config"], out["per_seed"]
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw=dict(width_ratios=(3, 2)))
+    ax = axes[0]
+    for k, r in enumerate(rows):
+        ax.plot(np.arange(1, len(r["train_loss_bits"]) + 1), r["train_loss_bits"], lw=1, color=f"C{k}",
+                label=f"seed {r['seed']}: training chain")
+    ax.axhline(out["test_bayes_loss_bits_mean"], color="tab:purple", ls=":", lw=1.5,
+               label=f"exact Bayes on the held-out chains, {out['test_bayes_loss_bits_mean']:.4f} (mean)")
+    ax.axhline(cfg["bound_bits"], color="tab:gray", ls="-.", lw=1, label=f"H(Y_t+1 | Y_t) = {cfg['bound_bits']:.4f}")
+    ax.set(xlabel="training step (full batch, one chain)", ylabel="cross-entropy (bits / token)",
+           title=f"{cfg['n_layers']} pre-LN blocks of width {cfg['d_model']}, AdamW at {cfg['lr']:g}, cosine to 0; "
+                 f"T = {cfg['T']:,}", xscale="log")
+    ax.legend(fontsize=7, frameon=False, loc="upper right")
+    ax.grid(alpha=0.3)
+    ax = axes[1]
+    x = np.arange(len(rows))
+    ax.bar(x - 0.2, [r["test_loss_bits"] for r in rows], width=0.4, color="C0", label="the deep variant, held-out")
+    ax.bar(x + 0.2, [r["test_bayes_loss_bits"] for r in rows], width=0.4, color="tab:purple", alpha=0.6,
+           label="exact Bayes, the same chain")
+    for k, r in enumerate(rows):
+        ax.text(k, max(r["test_loss_bits"], r["test_bayes_loss_bits"]) + 0.02, f"KL {r['test_kl_bits']:.3f}",
+                ha="center", fontsize=7)
+    ax.axhline(cfg["bound_bits"], color="tab:gray", ls="-.", lw=1, label="H(Y_t+1 | Y_t)")
+    ax.set_xticks(x)
+    ax.set_xticklabels([f"seed {r['seed']}" for r in rows], fontsize=8)
+    ax.set_ylim(min(cfg["bound_bits"], min(r["test_bayes_loss_bits"] for r in rows)) - 0.1,
+                max(r["test_loss_bits"] for r in rows) + 0.12)
+    ax.set(ylabel="held-out cross-entropy (bits / token)", title="held-out chain (seed + 10000) of each seed")
+    ax.yaxis.set_major_locator(MaxNLocator(6))
+    ax.legend(fontsize=7, frameon=False, loc="lower right")
+    fig.suptitle(f"Paper II's deep variant on the sticky chain ({cfg['chain']}): held-out "
+                 f"{out['test_loss_bits_mean']:.4f} bits against exact Bayes's {out['test_bayes_loss_bits_mean']:.4f} "
+                 f"(KL {out['test_kl_bits_mean']:.4f}), {len(rows)} seeds. What to see: how close the held-out bars "
+                 f"come to exact Bayes", fontsize=9)
+    fig.tight_layout()
+    return _save(fig, path)

@@ -410,3 +410,14 @@ def test_the_printed_summaries_read_as_a_paper_prints_them():
     assert table[0].endswith("1,000 full-batch steps on one chain of T = 2,000 (seed 0, input noise sigma 1): 12.3 s "
                              "of training")
     assert table[3].split()[-2:] == ["2.9500", "2.9635"] and table[6].split()[-1] == "0.2774"
+
+
+def test_run_deep_writes_its_numbers_and_its_figure(tmp_path):
+    """run_deep: deep_variant.json (without the curves) and deep_variant.png beside it, both listed as the
+    run's files (what --overwrite replaces and a second run refuses)."""
+    out = dy.run_deep("exact", steps=3, out_dir=str(tmp_path), seeds=(3, 4), T=32)
+    assert sorted(os.listdir(tmp_path)) == ["deep_seed3.json", "deep_seed4.json", "deep_variant.json",
+                                            "deep_variant.png"]
+    assert dy.files("deep", str(tmp_path), seeds=(3, 4)) == ["deep_variant.json", "deep_variant.png", "deep_seed3.json",
+                                               "deep_seed4.json"]
+    assert (tmp_path / "deep_variant.png").stat().st_size > 10_000 and len(out["per_seed"]) == 2
