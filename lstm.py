@@ -63,6 +63,12 @@ TWINS = "lstm_twins"        # the module of this family's Numba twins (models.py
 # ----------------------------------------------------------------------------
 # configuration and initialisation
 
+# sizes: the Config's 2 layers, the width that gives the transformer's parameter count in each task's
+# default and paper presets (within 5%: --params); the quick presets take the Config's width
+PRESETS = {task: {preset: dict(params=n) for preset, n in counts.items()} for task, counts in {
+    "bijection": {"default": 156_372, "paper": 156_372},
+    "sawtooth": {"first": 105_172, "default": 105_172, "paper": 105_172},
+    "hmm": {"default": 213_445, "paper": 691_301}}.items()}
 FLAGS = {"--residual": dict(field="residual", type=str, help="lstm: on (default): x_l = x_{l-1} + h^l | off")}
 
 

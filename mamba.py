@@ -60,6 +60,12 @@ TWINS = "mamba_twins"       # the module of this family's Numba twins (models.py
 # ----------------------------------------------------------------------------
 # configuration and initialisation
 
+# sizes: the Config's 2 blocks, the width that gives the transformer's parameter count in each task's
+# default and paper presets (within 5%: --params); the quick presets take the Config's width
+PRESETS = {task: {preset: dict(params=n) for preset, n in counts.items()} for task, counts in {
+    "bijection": {"default": 156_372, "paper": 156_372},
+    "sawtooth": {"first": 105_172, "default": 105_172, "paper": 105_172},
+    "hmm": {"default": 213_445, "paper": 691_301}}.items()}
 FLAGS = {"--d-state": dict(field="d_state", type=int, help="ssm: the state size N per channel (default 16)"),
          "--expand": dict(field="expand", type=int, help="ssm: the inner width E x d_model (default E = 2)"),
          "--d-conv": dict(field="d_conv", type=int, help="ssm: the causal convolution's width (default 4)")}

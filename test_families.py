@@ -325,16 +325,16 @@ def test_params_refuses_what_it_cannot_size(capsys):
 
 def test_sizes_belong_to_the_family_not_to_the_task():
     """A task's preset sets the optimisation; the sizes are the family's: the transformer's tuned ones where it
-    names them, the LSTM's Config defaults where it names none (not the transformer's 3 layers and fan-in)."""
+    names them, the LSTM's Config defaults where it names none (not the transformer's width 32 and fan-in)."""
     import lstm
     import train
-    a = train.parse_args(["--task", "bijection", "--preset", "default", "--model", "lstm"])
+    a = train.parse_args(["--task", "bijection", "--preset", "quick", "--model", "lstm"])
     cfg = train.model_config(a, tasks.sizes("bijection", a.settings), "lstm")
     assert (cfg.d_model, cfg.n_layers) == (lstm.Config.d_model, lstm.Config.n_layers) == (64, 2)
-    assert (a.batch, a.steps, a.lr) == (64, 3000, 3e-3)                      # the task's, for every family
-    t = train.parse_args(["--task", "bijection", "--preset", "default"])
-    assert (t.width, t.layers, t.heads) == (64, 3, 2)
-    s = train.parse_args(["--task", "sawtooth", "--preset", "default", "--model", "lstm"])
+    assert (a.batch, a.steps, a.lr) == (32, 60, 3e-3)                        # the task's, for every family
+    t = train.parse_args(["--task", "bijection", "--preset", "quick"])
+    assert (t.width, t.layers, t.heads) == (32, 2, 2)
+    s = train.parse_args(["--task", "sawtooth", "--preset", "quick", "--model", "lstm"])
     assert s.init is None and train.model_config(s, tasks.sizes("sawtooth", s.settings), "lstm").init == lstm.Config.init
     meta = train.run_meta(s, "lstm", 0, 10)
     assert "init" in meta and "heads" not in meta and meta["model"] == "lstm"
@@ -354,3 +354,21 @@ def test_tokens_are_checked_once_for_every_family(tmp_path, monkeypatch):
         models.loss_and_grads("toy", params, np.array([[0, 5]]), np.array([[0, 1]]), np.ones((1, 2)), cfg)
     with pytest.raises(ValueError, match=r"tokens must have shape \(B, T\), got \(2,\)"):
         models.predict_proba("toy", params, np.array([0, 1]), cfg)
+
+
+@pytest.mark.parametrize("name", [n for n in FAMILIES if getattr(models.module(n), "PRESETS", {}) and
+                                  all("params" in p for t in models.module(n).PRESETS.values() for p in t.values())])
+def test_presets_by_count_match_the_transformer_within_five_percent(name):
+    """A family whose presets give a parameter count matches the transformer built by the same task preset
+    (within 5%, every parameter counted); a typed --width takes over from the preset's count."""
+    import train
+    for task, presets in models.module(name).PRESETS.items():
+        for preset in presets:
+            built = {}
+            for family in (name, "transformer"):
+                a = train.parse_args(["--task", task, "--preset", preset, "--model", family])
+                cfg = train.model_config(a, tasks.sizes(task, a.settings), family)
+                built[family] = models.count_params(models.param_shapes(family, cfg))
+            assert abs(built[name] - built["transformer"]) <= 0.05 * built["transformer"], (task, preset, built)
+    a = train.parse_args(["--task", task, "--preset", preset, "--model", name, "--width", "16"])
+    assert a.params is None and train.model_config(a, tasks.sizes(task, a.settings), name).d_model == 16

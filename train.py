@@ -90,7 +90,7 @@ FLAGS = [
          help="model width d_model"),
     dict(flag="--layers", field="n_layers", type=int, check=positive, where=TOKEN, preset=True,
          help="layers (the MLP: residual blocks)"),
-    dict(flag="--params", type=int, check=positive, where=TOKEN, metavar="N",
+    dict(flag="--params", type=int, check=positive, where=TOKEN, metavar="N", preset=True,
          help="size the model to N parameters (within 5%%; every parameter counts: embeddings, position tables "
               "and head): the width is found under the family's constraints, its other sizes as given"),
     dict(flag="--heads", field="n_heads", type=int, check=positive, where=TOKEN, preset=True,
@@ -247,6 +247,8 @@ def parse_args(argv=None):
             fail(f"{flag} does not apply to --model {args.model} (its Config has no {field})")
     preset = {**tasks.task(args.task).PRESETS.get(args.preset, {}),          # the task's optimisation and data,
               **family_presets(args.model, args.task).get(args.preset, {})}   # the family's sizes (its defaults else)
+    if "--width" in given:                                                    # a typed width over a preset's count
+        preset.pop("params", None)
     fill_defaults(table, args, preset, where)
     for flag, row in table.items():
         if getattr(args, row["dest"]) is not None and (flag in given or row.get("preset") or row.get("setting")):
