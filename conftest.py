@@ -9,3 +9,18 @@ import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "ci_only: a slower test that .ci/run runs (BAYESATTN_CI_ONLY=1 python -m "
+                                       "pytest -q -m ci_only); the README's test command skips it")
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.environ.get("BAYESATTN_CI_ONLY") == "1":
+        return
+    import pytest
+    skip = pytest.mark.skip(reason="slower: .ci/run runs it (BAYESATTN_CI_ONLY=1)")
+    for item in items:
+        if "ci_only" in item.keywords:
+            item.add_marker(skip)

@@ -30,7 +30,8 @@ from checkpoints import load_checkpoint, plain, versions, write_json  # noqa: E4
 import verdicts  # noqa: E402
 from manifold import (AUTHORS_DEFINITIONS, AUTHORS_FRAME_RANK, AUTHORS_NUMBERS, DEFINITIONS,  # noqa: E402
                       RANDOM_INIT_SEEDS, ablations, attention_probe, authors_key_frame, frame_matrix, key_frame_probe,
-                      logit_lens, manifold_probe, probe_batch, probe_settings, query_swap, snapshot_state, task_module,
+                      calibration, logit_lens, manifold_probe, probe_batch, probe_settings, query_swap, snapshot_state,
+                      supervised_columns, task_module, uniform_kl_bits,
                       task_of, token_names)
 
 SNAPSHOT_SEQS = 200         # probe sequences per training snapshot (probe 6) ...
@@ -52,9 +53,7 @@ def analyze(checkpoint_path, fig_dir=None, n_seqs=500, seed=0, threads=1):
 
 def _analyze(checkpoint_path, fig_dir, n_seqs, seed):
     params, cfg, meta, _ = load_checkpoint(checkpoint_path)
-    if not getattr(models.module(meta["model"]), "PROBES", False):
-        raise ValueError(f"{checkpoint_path!r} holds a {meta['model']!r}; the geometry probes read a transformer's "
-                         f"attention, which that family does not have")
+    attention = getattr(models.module(meta["model"]), "PROBES", False)
     task = task_of(cfg, meta)
     task_module(task)                                   # one line if the task lacks a hook the probes read
     run_dir = os.path.dirname(os.path.abspath(checkpoint_path))
@@ -66,6 +65,9 @@ def _analyze(checkpoint_path, fig_dir, n_seqs, seed):
 
     settings = probe_settings(task, cfg, meta)
     batch = probe_batch(task, cfg, n_seqs, seed, settings)
+    if not attention:
+        return _state_probes(checkpoint_path, params, cfg, meta, task, settings, batch, n_seqs, seed, title, fig,
+                             run_dir)
     logits, cache = ba.forward(params, batch["tokens"], cfg)
 
     frame, matrices = key_frame_probe(params, cfg, task, batch["tokens"])
@@ -119,6 +121,40 @@ def _analyze(checkpoint_path, fig_dir, n_seqs, seed):
     return out
 
 
+STATE_PROBES = "the final state's PCA with its controls, the cross-validated entropy readout, the logit lens"
+SKIPPED = "the key frame, attention entropy and query swap, head ablations, frame-precision (they read attention)"
+
+
+def _state_probes(checkpoint_path, params, cfg, meta, task, settings, batch, n_seqs, seed, title, fig, run_dir):
+    """The probes that read no attention, for a family without it: the manifold probe on the streams its
+    forward keeps (cache["resid"], the final state cache["xf"]), the logit lens where it has the shared
+    head (lnf.g, lnf.b, unembed.w, unembed.b), the calibration gate, the manifold verdict."""
+    name = meta["model"]
+    logits, cache = models.forward(name, params, batch["tokens"], cfg)
+    if not isinstance(cache, dict) or "resid" not in cache or "xf" not in cache:
+        raise ValueError(f"the probes read the streams cache['resid'] and cache['xf'], which --model {name}'s "
+                         f"forward does not keep")
+    proba = softmax.numpy(logits.astype(np.float64))
+    cols = supervised_columns(batch)
+    calibration_now = calibration(proba[:, cols], batch["posterior"][:, cols])
+    man, xy = manifold_probe(cache, batch, task, proba=proba)
+    lens = logit_lens(params, cache, batch) if {"lnf.g", "lnf.b", "unembed.w", "unembed.b"} <= set(params) else None
+    out = plain({
+        "checkpoint": os.path.abspath(checkpoint_path), "task": task, "settings": settings, "model": name,
+        "step": meta.get("step"), "train_seed": meta.get("seed"), "config": dataclasses.asdict(cfg),
+        "probe_sequences": n_seqs, "probe_seed": seed, "versions": versions(), "definitions": DEFINITIONS,
+        "probes": STATE_PROBES if lens is not None else STATE_PROBES.replace(", the logit lens", ""),
+        "skipped": SKIPPED + ("" if lens is not None else "; the logit lens (no shared head)"),
+        "calibration": {**calibration_now, "uniform_kl_bits": uniform_kl_bits(batch)},
+        "authors": {"manifold": man["authors"]}, "manifold": man, "logit_lens": lens})
+    out["verdicts"] = v = plain(verdicts.judge(out, claims=("manifold",)))
+    out["figures"] = [plots.plot_manifold(man, xy, title, fig("value_manifold"), v["manifold"])]
+    if lens is not None:
+        out["figures"].append(plots.plot_logit_lens(lens, title, fig("logit_lens")))
+    write_json(os.path.join(run_dir, "geometry.json"), out)
+    return out
+
+
 def probe_memory_bytes(cfg, meta, n_seqs):
     """About how many bytes the probes of n_seqs sequences hold at their peak: the probe set, and the model's
     forward over all of it at once with its cache (as a training step's, models.step_memory_bytes) twice
@@ -130,7 +166,18 @@ def probe_memory_bytes(cfg, meta, n_seqs):
 
 
 def summary(g):
-    """A few lines for the terminal: the verdicts, the authors' definitions, then ours."""
+    """A few lines for the terminal: the verdicts, the authors' definitions, then ours (a family without
+    attention: what was skipped, the manifold and the lens)."""
+    if "skipped" in g:
+        fmt = lambda x: "n/a" if x is None else f"{x:.3f}"
+        m = g["manifold"]["residual_final"]
+        return "\n".join(["verdicts (rules and controls in geometry.json, under verdicts):",
+                          *("  " + v for v in verdicts.lines(g["verdicts"])),
+                          f"probes run on --model {g['model']}: {g['probes']}; skipped: {g['skipped']}",
+                          f"final state: PC1 {m['pc1_variance']:.3f} of the variance, Spearman(PC1, H) "
+                          f"{fmt(m['spearman_pc1_entropy'])}, within a position {fmt(m['mean_within_position_spearman'])}"]
+                         + ([] if g["logit_lens"] is None else ["logit-lens KL by layer (bits): " + ", ".join(
+                             f"{k:.3g}" for k in g["logit_lens"]["kl_bits"])]))
     a, lines = g["authors"], ["verdicts (rules and controls in geometry.json, under verdicts):",
                               *("  " + v for v in verdicts.lines(g["verdicts"])), "the authors' definitions:"]
     k = a["key_frame"]

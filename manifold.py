@@ -553,9 +553,10 @@ def manifold_probe(cache, batch, task, proba=None):
     rows = lambda a: a[:, cols].reshape(-1, a.shape[-1]).astype(np.float64)  # (n, T, C) -> (N, C)
     controls = lambda X: manifold_controls(X, h, pos, seq, split, graded)
     resid_final = rows(cache["resid"][-1])
-    out = {"attn_out_last": controls(rows(cache["layers"][-1]["attn_out"])),
+    attention = [lc["attn_out"] for lc in cache.get("layers", []) if isinstance(lc, dict) and "attn_out" in lc]
+    out = {**({"attn_out_last": controls(rows(attention[-1]))} if attention else {}),
            "residual_final": controls(resid_final), "after_final_ln": controls(rows(cache["xf"])),
-           "by_layer": {"attn_out": [controls(rows(lc["attn_out"])) for lc in cache["layers"]],
+           "by_layer": {**({"attn_out": [controls(rows(a)) for a in attention]} if attention else {}),
                         "residual": [controls(rows(r)) for r in cache["resid"]]},
            "readout_baselines": readout_baselines(h, pos, seq, split, graded,
                                                   None if proba is None else rows(proba)),
@@ -594,6 +595,12 @@ def authors_manifold(X, h_bayes, position, graded=None, n_pcs=5):
 
 # ----------------------------------------------------------------------------
 # probe 4: logit lens, the final LayerNorm and unembedding applied to every residual stream
+
+def uniform_kl_bits(batch):
+    """KL(posterior || uniform) in bits at the supervised rows, averaged: what a uniform guess scores."""
+    post = batch["posterior"][:, supervised_columns(batch)]
+    return float(wt.kl_bits(post, np.full_like(post, 1.0 / post.shape[-1])).mean())
+
 
 def lens_proba(params, x):
     """Residual stream x (..., C) -> predictive distribution (..., K) of the final LN + unembedding."""

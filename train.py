@@ -702,15 +702,19 @@ def token_run(args, sizes, cfg):
             bar.close()
     draw_figures(args, results, traces, args.figures, run_name)
     print(summary_table(results, gap))
-    if results and getattr(models.module(args.model), "PROBES", False) and not args.no_geometry:
+    if results and not args.no_geometry:
         import geometry                                  # the geometry probes, into runs/<name>/geometry.json
         import verdicts
-        g = geometry.analyze(os.path.join(args.out, "checkpoint.npz"), fig_dir=args.figures)
-        print(f"geometry: {os.path.join(args.out, 'geometry.json')} and {args.figures}/geometry_*.png; the verdicts "
-              f"(python geometry.py {os.path.join(args.out, 'checkpoint.npz')} prints every number):")
-        print("\n".join("  " + line for line in verdicts.lines(g["verdicts"])))
-    elif results and not args.no_geometry:
-        print(f"geometry: skipped: the probes read a transformer's attention, which --model {args.model} does not have")
+        try:
+            g = geometry.analyze(os.path.join(args.out, "checkpoint.npz"), fig_dir=args.figures)
+        except ValueError as e:                          # a family whose forward keeps no streams to probe
+            print(f"geometry: skipped: {e}")
+        else:
+            print(f"geometry: {os.path.join(args.out, 'geometry.json')} and {args.figures}/geometry_*.png; the "
+                  f"verdicts (python geometry.py {os.path.join(args.out, 'checkpoint.npz')} prints every number):")
+            print("\n".join("  " + line for line in verdicts.lines(g["verdicts"])))
+            if "skipped" in g:
+                print(f"geometry: skipped for --model {args.model}: {g['skipped']}")
     for name, m in results.items():
         print(f"{name}: {m['seconds']:.1f} s of training")
     if compile_seconds >= 1.0:

@@ -379,15 +379,18 @@ CLAIMS = {"key_frame": key_frame, "sharpening": sharpening, "manifold": manifold
 
 def calibration_gate(g):
     """-> (judged, KL, uniform guess's KL): a run is judged when its KL < CALIBRATED x a uniform guess's."""
-    kl, uniform = g["ablations"]["baseline"]["kl_bits"], g["ablations"]["uniform_kl_bits"]
+    c = g.get("calibration") or {"kl_bits": g["ablations"]["baseline"]["kl_bits"],
+                                 "uniform_kl_bits": g["ablations"]["uniform_kl_bits"]}
+    kl, uniform = c["kl_bits"], c["uniform_kl_bits"]
     return kl < CALIBRATED * uniform, kl, uniform
 
 
-def judge(g):
-    """-> {claim: dict(headline, controls, verdict, outcome, margin, decided_by, rule)} for one geometry.json."""
+def judge(g, claims=None):
+    """-> {claim: dict(headline, controls, verdict, outcome, margin, decided_by, rule)} for one geometry.json;
+    claims: those its probes measured (default: all; a family without attention: the manifold only)."""
     judged, kl, uniform = calibration_gate(g)
     out = {}
-    for claim, f in CLAIMS.items():
+    for claim, f in ((c, CLAIMS[c]) for c in (claims or CLAIMS)):
         v = f(g)
         if not judged:
             v = {**v, "outcome": "not judged", "decided_by": "the calibration gate",
