@@ -411,3 +411,27 @@ def test_geometry_combine_prints_one_verdict_per_claim_and_refuses_in_one_line(t
         assert e.value.code == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and expected in err[0], err
+
+
+def test_the_gate_reads_the_calibration_of_a_family_without_ablations():
+    """A family without attention has no ablations: the gate reads its own KL against a uniform guess's
+    (0.05 of 1.0 passes the 10% gate, 0.2 does not; the ablations' numbers are read only when there is no
+    calibration block), and judge() judges only the claims it is asked for."""
+    g = {"calibration": {"kl_bits": 0.05, "uniform_kl_bits": 1.0},
+         "ablations": {"baseline": {"kl_bits": 0.9}, "uniform_kl_bits": 1.0}}
+    assert vd.calibration_gate(g) == (True, 0.05, 1.0)
+    assert vd.calibration_gate({**g, "calibration": {"kl_bits": 0.2, "uniform_kl_bits": 1.0}})[0] is False
+    assert vd.calibration_gate({"ablations": g["ablations"]}) == (False, 0.9, 1.0)
+
+
+
+def test_judge_judges_the_claims_it_is_asked_for(monkeypatch):
+    """judge(g, claims): only those claims, each through the gate (here the uncalibrated run's 'not judged')."""
+    called = []
+    fake = {c: (lambda g, c=c: called.append(c) or dict(headline=None, controls={}, verdict="x", outcome="supported",
+                                                        margin=None, decided_by="y")) for c in vd.CLAIMS}
+    monkeypatch.setattr(verdicts, "CLAIMS", fake)
+    out = vd.judge({"calibration": {"kl_bits": 0.2, "uniform_kl_bits": 1.0}}, claims=("manifold",))
+    assert list(out) == ["manifold"] and called == ["manifold"] and out["manifold"]["outcome"] == "not judged"
+    out = vd.judge({"calibration": {"kl_bits": 0.01, "uniform_kl_bits": 1.0}})
+    assert list(out) == list(fake) and all(v["outcome"] == "supported" for v in out.values())
