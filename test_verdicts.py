@@ -430,7 +430,7 @@ def test_judge_judges_the_claims_it_is_asked_for(monkeypatch):
     called = []
     fake = {c: (lambda g, c=c: called.append(c) or dict(headline=None, controls={}, verdict="x", outcome="supported",
                                                         margin=None, decided_by="y")) for c in vd.CLAIMS}
-    monkeypatch.setattr(verdicts, "CLAIMS", fake)
+    monkeypatch.setattr(vd, "CLAIMS", fake)
     out = vd.judge({"calibration": {"kl_bits": 0.2, "uniform_kl_bits": 1.0}}, claims=("manifold",))
     assert list(out) == ["manifold"] and called == ["manifold"] and out["manifold"]["outcome"] == "not judged"
     out = vd.judge({"calibration": {"kl_bits": 0.01, "uniform_kl_bits": 1.0}})
