@@ -17,6 +17,7 @@ import windtunnels as wt
 
 ANSWER_LABEL = "key index i (pairs seen = i - 1)"   # what the figures call the i-th answer
 SETTINGS = {"V": 20}            # the task's settings (a run's meta records them) and their defaults
+TINY = {"train": {"V": 4}, "grad": {"V": 7}}   # the conformance tests' shapes: 6 and 12 positions
 
 
 def check_V(V, s):

@@ -19,6 +19,7 @@ import numpy as np
 import windtunnels as wt
 
 SETTINGS = {"n_obs": 20}
+TINY = {"train": {"n_obs": 3}, "grad": {"n_obs": 3}}   # the conformance tests' shapes: 55 positions (the header)
 LEGACY_META = {"n_obs": "K"}    # older checkpoints' meta named the observations K
 ANSWER_LABEL = "observation t"  # what the figures call the i-th answer
 EVAL_LENGTHS = (30, 50)     # observations per held-out sequence past the training length

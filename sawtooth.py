@@ -17,6 +17,7 @@ import bijection
 
 ANSWER_LABEL = "key index i (pairs seen = i - 1)"   # what the figures call the i-th answer
 SETTINGS = {"V": 20, "curriculum": ""}
+TINY = {"train": {"V": 4}, "grad": {"V": 7}}   # the conformance tests' shapes: 7 and 13 positions
 
 
 def parse_curriculum(text, V):

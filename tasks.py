@@ -4,6 +4,8 @@ A task is one module exposing
     SETTINGS = {name: default}            its settings (a run's meta records them); s below is such a dict
     FLAGS = {flag: spec}                  the command-line flags that set them: spec = dict(setting, type,
                                           check(value, s) -> None or what is wrong, help)
+    TINY = {"train": s, "grad": s}      the smallest settings of the conformance tests (test_families.py): a
+                                          training run in seconds; gradient checks on at least 12 positions
     PRESETS = {preset: {flag dest: value}}   optimisation and data of the presets (quick, default, paper);
                                           the model's sizes are its family's (models.py: PRESETS)
     sizes(s) -> dict(vocab, classes, max_len, eval_len)   input tokens, output classes, the training

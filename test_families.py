@@ -36,8 +36,8 @@ MARGIN = 0.05               # the trained held-out KL must be at most (1 - MARGI
 TRAIN_STEPS = 40            # steps of the short training run (tiny shapes: seconds)
 TOL = {"float64": 1e-6}     # worst relative error of a gradient against finite differences, per tensor
 MIN_GRAD_T = 12             # the gradient checks' sequences are at least this long
-TINY = {"bijection": {"V": 4}, "sawtooth": {"V": 4}, "hmm": {"n_obs": 3}}   # the training runs' settings
-GRAD_TINY = {"bijection": {"V": 7}, "sawtooth": {"V": 7}, "hmm": {"n_obs": 3}}   # 12, 13 and 55 positions
+TINY = {t: tasks.task(t).TINY["train"] for t in tasks.TASKS}        # each task's own: the training runs
+GRAD_TINY = {t: tasks.task(t).TINY["grad"] for t in tasks.TASKS}    # ... and the gradient checks (>= 12 positions)
 
 
 def tiny_config(name, task="bijection", dtype="float64", given=None, n_layers=1):
