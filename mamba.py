@@ -20,7 +20,8 @@ The model, in the order of its forward pass:
       u       = silu(causal_conv(u) + b_conv)     (B, T, D)       depthwise, width W, causal
       [r, Bm, Cm] = u W_x                         (B, T, R+2N)    the step's low-rank code, B_t, C_t (no bias)
       dt      = softplus(r W_dt + b_dt)           (B, T, D)       the step size Delta_t > 0, per channel
-      A       = -exp(A_log)                       (D, N)          per channel and state, A_log = log n (S4D-real)
+      A       = -exp(A_log)                       (D, N)          per channel and state, A_log = log n (S4D-real);
+                                                                  --shared-a: one row (N,) for every channel
       y       = selective_scan(u, dt, A, Bm, Cm, Dskip)           (B, T, D)
       out     = (y * silu(z)) W_out               (B, T, C)       gate, out-projection, no bias
     logits = LNf(x) W_u + b_u
@@ -68,7 +69,9 @@ PRESETS = {task: {preset: dict(params=n) for preset, n in counts.items()} for ta
     "hmm": {"default": 213_445, "paper": 691_301}}.items()}
 FLAGS = {"--d-state": dict(field="d_state", type=int, help="ssm: the state size N per channel (default 16)"),
          "--expand": dict(field="expand", type=int, help="ssm: the inner width E x d_model (default E = 2)"),
-         "--d-conv": dict(field="d_conv", type=int, help="ssm: the causal convolution's width (default 4)")}
+         "--d-conv": dict(field="d_conv", type=int, help="ssm: the causal convolution's width (default 4)"),
+         "--shared-a": dict(field="shared_a", type=bool, help="ssm: the authors' variant, one vector A_log of N "
+                            "log rates shared by every channel (default: one per channel)")}
 
 
 @dataclass
@@ -83,6 +86,7 @@ class Config:
     expand: int = 2            # E
     d_conv: int = 4            # W
     dt_rank: int = 0           # R; 0 means ceil(C / 16)
+    shared_a: bool = False     # the authors' variant: one A_log (N,) for every channel, not one per channel
 
     def __post_init__(self):
         if self.dt_rank == 0 and isinstance(self.d_model, (int, np.integer)):
@@ -92,6 +96,8 @@ class Config:
             value = getattr(self, name)
             if not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"{name}={value!r}: must be a positive integer")
+        if not isinstance(self.shared_a, (bool, np.bool_)):
+            raise ValueError(f"shared_a={self.shared_a!r}: allowed are True, False")
         if self.dtype not in ("float32", "float64"):
             raise ValueError(f"dtype={self.dtype!r}: allowed are 'float32', 'float64'")
 
@@ -107,7 +113,8 @@ def param_shapes(cfg):
         pre = f"blocks.{l}."
         shapes.update({pre + "ln.g": (C,), pre + "ln.b": (C,), pre + "in_proj.w": (C, 2 * D),
                        pre + "conv.w": (D, cfg.d_conv), pre + "conv.b": (D,), pre + "x_proj.w": (D, R + 2 * N),
-                       pre + "dt_proj.w": (R, D), pre + "dt_proj.b": (D,), pre + "A_log": (D, N), pre + "D": (D,),
+                       pre + "dt_proj.w": (R, D), pre + "dt_proj.b": (D,),
+                       pre + "A_log": (N,) if cfg.shared_a else (D, N), pre + "D": (D,),
                        pre + "out_proj.w": (D, C)})
     shapes.update({"lnf.g": (C,), "lnf.b": (C,), "unembed.w": (C, cfg.n_classes), "unembed.b": (cfg.n_classes,)})
     return shapes
@@ -288,7 +295,7 @@ def forward(params, tokens, cfg):
         r, Bm, Cm = rbc[..., :R], rbc[..., R:R + N], rbc[..., R + N:]
         dt, bc["dt_proj"] = ly.linear_forward(r, params[pre + "dt_proj.w"], params[pre + "dt_proj.b"])
         dt, bc["softplus"] = softplus_forward(dt)                    # (B, T, D)  dt > 0
-        A = -np.exp(params[pre + "A_log"])                           # (D, N)
+        A = np.ascontiguousarray(np.broadcast_to(-np.exp(params[pre + "A_log"]), (D, N)))   # (D, N); shared: (N,) repeated
         y, bc["scan"] = selective_scan_forward(u, dt, A, np.ascontiguousarray(Bm), np.ascontiguousarray(Cm),
                                                params[pre + "D"])
         sz, bc["silu_z"] = silu_forward(z)
@@ -311,9 +318,10 @@ def backward(dlogits, cache, params, cfg):
         # forward: x = x + (y * silu(z)) W_out; the residual passes dx straight through
         dyg, g[pre + "out_proj.w"], _ = ly.linear_backward(dx, bc["out_proj"])
         dy, dz = dyg * bc["sz"], silu_backward(dyg * bc["y"], bc["silu_z"])
-        # forward: y = selective_scan(u, dt, A, Bm, Cm, Dskip), A = -exp(A_log) so dA_log = dA * A
+        # forward: y = selective_scan(u, dt, A, Bm, Cm, Dskip), A = -exp(A_log) so dA_log = dA * A; a shared
+        # A_log was repeated over the channels, so its gradient sums over them
         du, ddt, dA, dBm, dCm, g[pre + "D"] = selective_scan_backward(dy, bc["scan"])
-        g[pre + "A_log"] = dA * bc["A"]
+        g[pre + "A_log"] = (dA * bc["A"]).sum(0) if cfg.shared_a else dA * bc["A"]
         # forward: dt = softplus(r W_dt + b_dt)
         dr, g[pre + "dt_proj.w"], g[pre + "dt_proj.b"] = ly.linear_backward(softplus_backward(ddt, bc["softplus"]),
                                                                            bc["dt_proj"])

@@ -11,6 +11,8 @@ mamba_twins.py); test_families.py checks the whole models as it checks every fam
   - the twin switch: a name twinned twice fails at import, an op whose twins were never loaded fails loudly.
 """
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -389,3 +391,34 @@ def test_lstm_learned_positions_clamped_past_the_limit():
             num[i] = (up - loss()) / 2e-5
             p[i] = old
         assert rel_error(grads[name], num) < TOL64, (name, rel_error(grads[name], num))
+
+
+def test_the_shared_a_variant_against_finite_differences():
+    """--shared-a (the authors' variant): one A_log (N,) for every channel; its gradient sums the per-channel
+    one over the channels. Checked against finite differences in float64 on 13 positions, every tensor, and
+    against the per-channel model whose rows all equal it (same logits, the channel sum of its A_log gradient)."""
+    import models
+    cfg = models.make_config("ssm", vocab_size=5, n_classes=4, max_len=13, d_model=8, n_layers=1, dtype="float64",
+                             shared_a=True)
+    rng = np.random.default_rng(0)
+    params = {k: v + 0.3 * rng.standard_normal(v.shape) for k, v in models.init_params("ssm", cfg, 0).items()}
+    assert params["blocks.0.A_log"].shape == (cfg.d_state,)
+    tokens, targets = rng.integers(0, 5, (2, 13)), rng.integers(0, 4, (2, 13))
+    loss = lambda p: models.loss_and_grads("ssm", p, tokens, targets, np.ones((2, 13)), cfg)
+    _, grads = loss(params)
+    h = 1e-5
+    for k, p in params.items():
+        for i in [tuple(rng.integers(0, d) for d in p.shape) for _ in range(3)]:
+            old = p[i]
+            p[i] = old + h
+            up = loss(params)[0]
+            p[i] = old - h
+            down = loss(params)[0]
+            p[i] = old
+            assert rel_error(grads[k][i], (up - down) / (2 * h)) < 1e-6, (k, i)
+    full_cfg = models.make_config("ssm", **{**dataclasses.asdict(cfg), "shared_a": False})
+    D = cfg.expand * cfg.d_model
+    full = {**params, "blocks.0.A_log": np.tile(params["blocks.0.A_log"], (D, 1))}
+    full_loss, full_grads = models.loss_and_grads("ssm", full, tokens, targets, np.ones((2, 13)), full_cfg)
+    assert full_loss == pytest.approx(loss(params)[0], rel=1e-12)
+    assert np.allclose(full_grads["blocks.0.A_log"].sum(0), grads["blocks.0.A_log"], rtol=1e-10, atol=1e-14)
