@@ -37,6 +37,13 @@ def test_every_walkthrough_command_runs(tmp_path):
         if "row sums of ds" in block:
             sums = [float(x) for x in re.findall(r"[-+]?\d+\.\d+(?:e[-+]?\d+)?", proc.stdout)]
             assert sums and max(abs(x) for x in sums) < 1e-12, proc.stdout
+        if "forget bias %+.0f" in block:                       # exercise 7: the forget gate sets the reach back
+            reach = {float(b): [float(v) for v in r.split()] for b, r in
+                     re.findall(r"forget bias ([-+]\d): .*?\[(.*?)\]", proc.stdout, flags=re.S)}
+            assert reach[1.0][5] > 0.2 and reach[-3.0][5] < 0.01 and reach[-3.0][1] < reach[1.0][1], proc.stdout
+        if "exp(-5 dt)" in block:                              # exercise 8: dx_0 / dx_5 = exp(-5 dt), three steps
+            pairs = re.findall(r"dx_5 = ([\d.]+), exp\(-5 dt\) = ([\d.]+)", proc.stdout)
+            assert len(pairs) == 3 and all(a == b for a, b in pairs) and pairs[0] != pairs[2], proc.stdout
         if "|d bk|" in block:                                  # exercise 4: bk's gradient is zero, bq's is not
             bk, bq = map(float, re.findall(r"= (\S+)", proc.stdout))
             assert bk < 1e-12 and bq > 1e-3, proc.stdout
