@@ -456,7 +456,7 @@ def plot_frame_precision(fp, title, path, verdict=None):
     e.axhline(1.0, color="gray", lw=0.8)
     e.set_ylabel("projection overlap / a random subspace's")
     e.set_title(textwrap.fill(f"frame: span of LN1(wte[h]), h the hypotheses (the authors' run: "
-                              f"{fp.get('authors_number', '')})", 95), fontsize=7.5)
+                              f"{fp.get('authors_number', '')})", 80), fontsize=7.5)
     e.legend(fontsize=6.5, frameon=False, loc="lower right")
     blocks = fp.get("blocks") or {}
     if blocks and ch:
@@ -468,7 +468,7 @@ def plot_frame_precision(fp, title, path, verdict=None):
         f.barh(np.arange(len(at)), [at[i] for i in order],
                color=["C3" if labels[i].startswith("the frame") else "C7" for i in order])
         f.set_yticks(np.arange(len(at)))
-        f.set_yticklabels([labels[i] for i in order], fontsize=6.5)
+        f.set_yticklabels([labels[i] for i in order], fontsize=6.5 if len(at) <= 24 else 4.5)   # 39 blocks at 6 layers
         f.axvline(np.median(at[:-1]), color="k", ls="--", lw=1, label="the other blocks' median")
         f.set_xlabel(f"snapshot at which the change since init settles (of {len(steps)}; {len(steps)}: never)")
         f.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
