@@ -519,11 +519,24 @@ def _band(ax, xs, ys, label, color):
     ax.fill_between(xs, m - s, m + s, color=color, alpha=0.2)
 
 
+def _legend_below(ax, ncol=2):
+    """The legend under the panel, where it covers no data."""
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.11), ncol=ncol, frameon=False)
+
+
+def _integer_steps(axes):
+    """Integer ticks on every panel whose x axis counts training steps."""
+    from matplotlib.ticker import MaxNLocator
+    for ax in np.ravel(axes):
+        if "step" in ax.get_xlabel():
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
 def plot_em_vs_sgd(out, path):
     """Loss against steps and seconds, steps to threshold, held-out loss against exact Bayes, a table."""
     plt = _plt()
     from matplotlib.ticker import MaxNLocator
-    fig, axes = plt.subplots(2, 3, figsize=(19, 10.5))
+    fig, axes = plt.subplots(2, 3, figsize=(19, 13.5))
     cfg = out["config"]
     bound = cfg["conditional_entropy_bound_bits"]
     settings = {"long_chain": f"one chain of T = {cfg['T']}",
@@ -542,7 +555,7 @@ def plot_em_vs_sgd(out, path):
         ax.axhline(bound, color="tab:gray", ls="-.", lw=1, label=f"H(Y_t+1 | Y_t) = {bound:.4f}")
         ax.set(xlabel="training step (full batch)", ylabel="training cross-entropy (bits / token)",
                title=f"One head, {title}: mean ± std, {len(summ['per_seed'])} seeds")
-        ax.legend(fontsize=7.5, loc="best")
+        _legend_below(ax)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
     ax = axes[0, 1]
@@ -553,7 +566,7 @@ def plot_em_vs_sgd(out, path):
     ax.axhline(out["long_chain"]["threshold_bits"], color="k", ls="--", lw=1, label="threshold")
     ax.set(xlabel="compute seconds (logging excluded; a shared 2-core CPU)", ylabel="training cross-entropy (bits / token)",
            title="Long chain against compute time (one line per seed)")
-    ax.legend(fontsize=8)
+    _legend_below(ax)
     ax.grid(alpha=0.3)
     ax = axes[1, 1]
     width = 0.13
@@ -576,7 +589,7 @@ def plot_em_vs_sgd(out, path):
     ax.set(xlabel="seed", ylabel="steps until the training loss is below the threshold",
            title="Steps to threshold per seed (x: not reached, bar = steps run)",
            ylim=(0, 1.35 * ax.get_ylim()[1]))
-    ax.legend(fontsize=7.5, ncol=2, loc="upper center")
+    _legend_below(ax)
     ax.grid(alpha=0.3, axis="y")
     ax = axes[0, 2]
     top = min(5.0, max(3.6, max(row[m]["heldout_loss_bits"] for s in settings for row in out[s]["per_seed"]
@@ -600,7 +613,7 @@ def plot_em_vs_sgd(out, path):
     ax.set_ylim(2.6, top + 0.1 + 0.12 * (top - 2.6))                 # the legend's band, above every bar
     ax.set(ylabel="held-out cross-entropy (bits / token)",
            title=f"Held-out chains (seed {cfg['eval_seed']}) vs exact Bayes; dots: seeds; bars clipped at {top:g}")
-    ax.legend(fontsize=7, loc="upper center", ncol=3)
+    _legend_below(ax, ncol=3)
     ax.grid(alpha=0.3, axis="y")
     ax = axes[1, 2]
     ax.axis("off")
@@ -627,6 +640,7 @@ def plot_em_vs_sgd(out, path):
     ax.text(0, 1, "\n".join(lines), va="top", family="monospace", fontsize=8.5, transform=ax.transAxes)
     ax.set_title("Summary (steps not reached count as the steps run)")
     fig.suptitle("Paper II, sticky Markov chain: SGD against the EM-like schedule and a true M-step", fontsize=13)
+    _integer_steps(axes)
     fig.tight_layout(rect=(0, 0, 1, 0.97))
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -636,7 +650,7 @@ def plot_em_vs_sgd(out, path):
 def plot_two_timescales(out, path):
     """Routing vs value gradients, advantages, the frame, prototypes (one head); the same for the transformer."""
     plt = _plt()
-    fig, axes = plt.subplots(3, 3, figsize=(19, 15))
+    fig, axes = plt.subplots(3, 3, figsize=(19, 20))
     curves = out["curves"]["long_chain"]
     lh = out["long_horizon_sgd"]
     tsum = out["two_timescales_one_head"]
@@ -653,7 +667,7 @@ def plot_two_timescales(out, path):
     ax.set_yscale("log")
     ax.set(xlabel="training step", ylabel="gradient norm",
            title="One head: routing |(dW_Q, dW_K)| solid, value |(dW_V, dW_O)| dashed")
-    ax.legend(fontsize=7.5)
+    _legend_below(ax)
     ax.grid(alpha=0.3, which="both")
 
     ax = axes[0, 1]
@@ -662,7 +676,7 @@ def plot_two_timescales(out, path):
             ax.plot(r / v, color=color, lw=1.8, label=label)
     ax.set(xlabel="training step", ylabel="routing / value gradient norm", ylim=(0, None),
            title="One head: routing / value ratio (lr 0.01 arms: seed mean)")
-    ax.legend(fontsize=8)
+    _legend_below(ax)
     ax.grid(alpha=0.3, which="both")
 
     ax = axes[0, 2]
@@ -676,7 +690,7 @@ def plot_two_timescales(out, path):
     ax.set_yscale("log")
     ax.set(xlabel="training step", ylabel="spread of the advantage b_ij - b_bar_i (nats)",
            title=f"Spread of advantages b_ij - b_bar_i (seed {curves['sgd'][0]['seed']})")
-    ax.legend(fontsize=7, ncol=2)
+    _legend_below(ax)
     ax.grid(alpha=0.3, which="both")
 
     ax = axes[1, 0]
@@ -684,7 +698,7 @@ def plot_two_timescales(out, path):
         ax.plot(st, s["attn_entropy_frac"], color=color, lw=1.8, marker=".", label=label)
     ax.set(xlabel="training step", ylabel="mean_i H(alpha_i) / log2(i + 1)", ylim=(0, 1.05),
            title="The frame: attention entropy / uniform's")
-    ax.legend(fontsize=8)
+    _legend_below(ax)
     ax.grid(alpha=0.3)
 
     ax = axes[1, 1]
@@ -694,7 +708,7 @@ def plot_two_timescales(out, path):
     ax.set_yscale("log")
     ax.set(xlabel="training step", ylabel="change since the previous log",
            title="Drift per log interval: frame (TV of alpha rows) vs values")
-    ax.legend(fontsize=7, ncol=2)
+    _legend_below(ax)
     ax.grid(alpha=0.3, which="both")
 
     ax = axes[1, 2]
@@ -703,7 +717,7 @@ def plot_two_timescales(out, path):
     ax.axhline(0, color="k", lw=0.5)
     ax.set(xlabel="training step", ylabel="mean_j cos(change of v_j, -sum_i alpha_ij u_i)", ylim=(-1.05, 1.05),
            title="Values become prototypes? v_j's step vs its M-step signal")
-    ax.legend(fontsize=8)
+    _legend_below(ax)
     ax.grid(alpha=0.3)
 
     tr = out["transformer"]
@@ -720,7 +734,7 @@ def plot_two_timescales(out, path):
     ax.set(xlabel="training step", ylabel="gradient norm (10-step running mean)",
            title=f"{name}: gradient norms\nprobe loss {tr['probe_loss_bits']:.3f} bits, exact Bayes "
                  f"{tr['probe_bayes_loss_bits']:.3f}, KL {tr['probe_kl_bits']:.3f}")
-    ax.legend(fontsize=7, ncol=2)
+    _legend_below(ax)
     ax.grid(alpha=0.3, which="both")
     ax = axes[2, 1]
     for l in range(n_layers):
@@ -728,7 +742,7 @@ def plot_two_timescales(out, path):
     ax.set_yscale("log")
     ax.set(xlabel="training step", ylabel="routing / value gradient norm (10-step running mean)",
            title="Transformer: the ratio per layer")
-    ax.legend(fontsize=8)
+    _legend_below(ax)
     ax.grid(alpha=0.3, which="both")
     ax = axes[2, 2]
     probes = tr["probes"][1:]
@@ -741,9 +755,10 @@ def plot_two_timescales(out, path):
     ax.set_yscale("log")
     ax.set(xlabel="training step (the learning rate decays, cosine, to 0)", ylabel="change between probes",
            title="Transformer: frame vs value drift (fixed probe batch)")
-    ax.legend(fontsize=7, ncol=2)
+    _legend_below(ax)
     ax.grid(alpha=0.3, which="both")
     fig.suptitle("Two timescales: routing (the frame) against values (the precision)", fontsize=14)
+    _integer_steps(axes)
     fig.tight_layout(rect=(0, 0, 1, 0.97))
     fig.savefig(path, dpi=90)
     plt.close(fig)
