@@ -184,6 +184,10 @@ def step_flops(name, cfg, B, T):
     return 6 * count_params(param_shapes(name, cfg)) * B * T
 
 
+class CapacityError(ValueError):
+    """No width of the family matches the parameter count asked for; the message says the closest."""
+
+
 def match_capacity(name, fields, target_params, tol=MATCH_TOL, max_width=1 << 16):
     """The family's Config at fields, with the d_model whose parameter count (every parameter: embeddings,
     position tables and head included) is closest to target_params (the smaller width on a tie);
@@ -191,15 +195,20 @@ def match_capacity(name, fields, target_params, tol=MATCH_TOL, max_width=1 << 16
     family's Config accepts at fields (the transformer's: of n_heads); the count must grow with d_model."""
     shown = ", ".join(f"{k}={v}" for k, v in fields.items() if k not in ("dtype",)) or "its defaults"
 
+    refused = []
+
     def accepts(H):
         try:
             make_config(name, **{**fields, "d_model": H})
             return True
-        except ValueError:
+        except ValueError as e:
+            refused.append(e)
             return False
     step = next((H for H in range(1, 1025) if accepts(H)), None)
+    if step is None and len({str(e) for e in refused}) == 1:
+        raise refused[0]                                            # a field that no width makes right: its own error
     if step is None:
-        raise ValueError(f"{name} accepts no width up to 1024 at {shown}")
+        raise CapacityError(f"{name} accepts no width up to 1024 at {shown}")
     count = lambda k: count_params(param_shapes(name, make_config(name, **{**fields, "d_model": k * step})))
     hi = 1
     while count(hi) < target_params and hi * step < max_width:     # exponential search, then bisection, for
@@ -213,6 +222,6 @@ def match_capacity(name, fields, target_params, tol=MATCH_TOL, max_width=1 << 16
         k -= 1
     error = abs(count(k) - target_params) / target_params
     if error > tol:
-        raise ValueError(f"no width of {name} matches {target_params:,} parameters within {tol:.0%} at {shown}: "
+        raise CapacityError(f"no width of {name} matches {target_params:,} parameters within {tol:.0%} at {shown}: "
                          f"closest is d_model={k * step} with {count(k):,} ({error:.1%} off)")
     return make_config(name, **{**fields, "d_model": k * step})

@@ -348,8 +348,10 @@ def model_config(args, sizes, name):
             cfg = models.match_capacity(name, {k: v for k, v in values.items() if k != "d_model"}, args.params)
         else:
             cfg = models.make_config(name, **values)
-    except (TypeError, ValueError) as e:
-        fail(in_flags(str(e), table, name) if getattr(args, "params", None) is None else f"--params {args.params}: {e}")
+    except models.CapacityError as e:                              # no width gives the count: say so
+        fail(f"--params {args.params}: {e}")
+    except (TypeError, ValueError) as e:                            # a field's own error, in the flags' words
+        fail(in_flags(str(e), table, name))
     return fit_positions(cfg, sizes)
 
 
