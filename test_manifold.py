@@ -551,3 +551,13 @@ def test_the_ablation_figure_marks_the_heads_its_verdict_names(monkeypatch):
     assert red == [] and "verdict: not judged: not calibrated" in title
     _, red = ablation_figure(monkeypatch, dict(outcome="supported", verdict="x", controls=controls), uniform=0.05)
     assert red == []                                         # a model worse than a uniform guess: no gap to judge
+
+
+def test_uniform_kl_bits_by_hand():
+    """KL(posterior || uniform) over 4 classes at the supervised rows only: a one-hot row is log2 4 = 2 bits,
+    a uniform row 0, the row (1/2, 1/2, 0, 0) 1 bit; the unsupervised position (uniform) is left out:
+    mean (2 + 2 + 0 + 1) / 4 = 1.25 bits (in nats 0.866; with the unsupervised row, 1.0)."""
+    import manifold
+    post = np.array([[[1, 0, 0, 0], [0, 0, 1, 0], [0.25] * 4, [0.5, 0.5, 0, 0], [0.25] * 4]], float)
+    batch = dict(tokens=np.zeros((1, 5), int), posterior=post, mask=np.array([[1, 1, 1, 1, 0]]))
+    assert manifold.uniform_kl_bits(batch) == pytest.approx(1.25, abs=1e-12)
