@@ -211,10 +211,7 @@ def task_module(task):
 
 def probe_settings(task, cfg, meta=None):
     """The run's task settings: its meta's, else what its config implies (older checkpoints)."""
-    mod, meta = tasks.task(task), meta or {}
-    legacy = getattr(mod, "LEGACY_META", {})
-    return {**mod.settings_of(cfg), **{k: meta[k] for k in mod.SETTINGS if k in meta},
-            **{k: meta[v] for k, v in legacy.items() if k not in meta and v in meta}}
+    return tasks.settings_from(task, cfg, meta)
 
 
 def probe_batch(task, cfg, n, seed, settings=None):

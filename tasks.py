@@ -48,6 +48,16 @@ def settings(name, given=None):
     return {**defaults, **{k: v for k, v in (given or {}).items() if k in defaults and v is not None}}
 
 
+def settings_from(name, cfg, meta):
+    """A checkpoint's task settings: its meta's (older names by the task's LEGACY_META), and only where the
+    meta lacks one, what its config implies (the task's settings_of, for checkpoints older than the meta's)."""
+    mod, meta = task(name), meta or {}
+    legacy = getattr(mod, "LEGACY_META", {})
+    s = {**{k: meta[k] for k in mod.SETTINGS if k in meta},
+         **{k: meta[v] for k, v in legacy.items() if k not in meta and v in meta}}
+    return s if set(mod.SETTINGS) <= set(s) else {**mod.settings_of(cfg), **s}
+
+
 def sizes(name, s):
     return task(name).sizes(s)
 

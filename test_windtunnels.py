@@ -700,3 +700,13 @@ def test_prior_gap_is_the_paper_metric_of_a_uniform_predictor(name, tol):
     uniform = lambda tokens: np.full(tokens.shape + (sizes["classes"],), 1.0 / sizes["classes"])
     metrics, _ = evaluation.evaluate(uniform, b)
     assert metrics["entropy_mae_bits"] == pytest.approx(tasks.prior_gap_bits(name, s), abs=tol)
+
+
+def test_settings_from_a_checkpoint_read_the_config_only_for_older_meta(monkeypatch):
+    """tasks.settings_from: a meta that holds every setting is read as it is (the task's settings_of, which may
+    need config fields a bare family lacks, is not called); a meta without them falls back to settings_of."""
+    import bijection
+    calls = []
+    monkeypatch.setattr(bijection, "settings_of", lambda cfg: calls.append(cfg) or {"V": 9})
+    assert tasks.settings_from("bijection", "cfg", {"V": 7}) == {"V": 7} and calls == []
+    assert tasks.settings_from("bijection", "cfg", {}) == {"V": 9} and calls == ["cfg"]

@@ -856,10 +856,7 @@ def eval_only(args):
     if meta["task"] not in tasks.TASKS:
         fail(f"--eval-only: checkpoint {args.eval_only!r} is of task {meta['task']!r}; allowed are {', '.join(tasks.TASKS)}")
     args.task, name = meta["task"], meta["model"]
-    mod = tasks.task(args.task)
-    legacy = getattr(mod, "LEGACY_META", {})
-    args.settings = {**mod.settings_of(cfg), **{k: meta[k] for k in mod.SETTINGS if k in meta},
-                     **{k: meta[v] for k, v in legacy.items() if k not in meta and v in meta}}
+    args.settings = tasks.settings_from(args.task, cfg, meta)
     args.seed = meta.get("seed", args.seed)
     if "eval_seqs" in meta and not args.eval_seqs_given:        # the run's own held-out set: its seed picks it
         args.eval_seqs = meta["eval_seqs"]
