@@ -595,8 +595,7 @@ def compare_em(seeds=SEEDS, steps=1000, out_dir=None, quick=False, mstep_steps=N
     t_start = time.perf_counter()
     seeds = tuple(seeds)
     out_dir = out_dir or default_out_dir(chain, quick)
-    identity = dict(seeds=list(seeds), steps=steps, quick=quick, mstep_steps=mstep_steps,
-                    transformer_steps=transformer_steps, chain=chain, lr=lr)
+    identity = compare_em_identity(seeds, steps, quick, mstep_steps, transformer_steps, chain, lr)
     units = dict(dir=os.path.join(out_dir, "progress"), identity=identity, stop=stop,
                  done={name: p["result"] for name, p in (progress or {}).items()},
                  earlier={name: p["seconds"] for name, p in (progress or {}).items()},
@@ -678,6 +677,12 @@ def compare_em(seeds=SEEDS, steps=1000, out_dir=None, quick=False, mstep_steps=N
     return out
 
 
+def compare_em_identity(seeds, steps, quick, mstep_steps, transformer_steps, chain, lr):
+    """What makes two sessions of compare_em the same comparison (each kept run records it)."""
+    return dict(seeds=list(seeds), steps=steps, quick=quick, mstep_steps=mstep_steps,
+                transformer_steps=transformer_steps, chain=chain, lr=lr)
+
+
 def compare_em_runs(seeds=SEEDS, quick=False):
     """The names of compare_em's runs, in the order it trains them: each arm of each seed in the long-chain
     setting, then in the short-sequence one, then SGD at sigma = 3, the long-horizon SGD, the transformer."""
@@ -719,8 +724,7 @@ def compare_em_progress(out_dir, seeds=SEEDS, steps=1000, quick=False, mstep_ste
     """The runs an earlier session of compare_em finished, in out_dir/progress/, read and judged before
     anything is written: {name: {"result", "seconds"}}. ValueError in one line for a file that is not one of
     its runs, is not a regular file, cannot be read, or is of another comparison (other seeds, steps, ...)."""
-    identity = dict(seeds=list(seeds), steps=steps, quick=quick, mstep_steps=mstep_steps,
-                    transformer_steps=transformer_steps, chain=chain, lr=lr)
+    identity = compare_em_identity(seeds, steps, quick, mstep_steps, transformer_steps, chain, lr)
     folder, names, out = os.path.join(out_dir, "progress"), compare_em_runs(seeds, quick), {}
     problem = runs.kind_problem(folder, want_dir=True)
     if problem:
