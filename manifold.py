@@ -122,7 +122,10 @@ DEFINITIONS = {
                "(output_entropy: its entropy, one column; output_log_probs: its log-probabilities), beyond the "
                "position: what the output gives without any geometry. readout_partial_r2: what X adds beyond "
                "the position, (R^2([X, position]) - R^2(position)) / (1 - R^2(position)), both held out; none "
-               f"where the position leaves less than {ms.POSITION_LEAVES:g} of H's variance.",
+               f"where the position leaves less than {ms.POSITION_LEAVES:g} of H's variance. Each partial readout "
+               "keeps its folds (<key>_folds: each fold's held-out sum of squared residuals with X and the "
+               "position, and with the position alone), so a verdict reads its fold-to-fold standard error "
+               "(measures.partial_from_folds, partial_difference).",
     # --- probe 4
     "logit_lens": "final LayerNorm + unembedding applied to the residual stream before block 0 (embedding) and "
                   "after every block; KL(posterior || lens) in bits.",
@@ -477,6 +480,14 @@ def manifold_stats(X, h_bayes, position=None):
     return out, scores[:, :2]
 
 
+def partial(out, key, X, h, seq, pos):
+    """out[key]: the held-out partial readout R^2 of h from X beyond the position, out[key + "_se"] its
+    standard error over the folds; out[key + "_folds"]: the folds (measures.partial_cv_folds), from which
+    the verdict also reads the paired standard error of a difference of two readouts."""
+    folds = ms.partial_cv_folds(X, h, seq, pos)
+    (out[key], out[key + "_se"]), out[key + "_folds"] = ms.partial_from_folds(folds), folds
+
+
 def manifold_controls(X, h, pos, seq, split=None, graded=None):
     """The controls of probe 3 on one representation X (N, C) at the answer rows: h (N,) H_Bayes, pos (N,)
     positions, seq (N,) sequence index, split (N,) the task's binary split or None, graded (N,) bool the rows
@@ -491,7 +502,8 @@ def manifold_controls(X, h, pos, seq, split=None, graded=None):
     out.update(norm_by_position=per_pos.tolist(), dominant_positions=dom,
                pc1_variance_without_dominant=float(ms.pca(X[keep])[1][0]) if dom else out["pc1_variance"],
                pc1_variance_unit_rows=float(ms.pca(X / np.maximum(norms, 1e-300)[:, None])[1][0]),
-               readout_r2=ms.cv_r_squared(X, h, seq), readout_partial_r2=ms.partial_cv_r_squared(X, h, seq, pos))
+               readout_r2=ms.cv_r_squared(X, h, seq))
+    partial(out, "readout_partial_r2", X, h, seq, pos)
     if dom:
         out["without_dominant"] = manifold_stats(X[keep], h[keep], pos[keep])[0]
     if graded is not None:
@@ -499,7 +511,7 @@ def manifold_controls(X, h, pos, seq, split=None, graded=None):
         out["within_position_spearman_graded"] = ms.within_groups(ms.spearman, scores[graded, 0], h[graded], pos[graded])
         out["graded_refit"] = manifold_stats(X[graded], h[graded], pos[graded])[0]
         out["readout_r2_graded"] = ms.cv_r_squared(X[graded], h[graded], seq[graded])
-        out["readout_partial_r2_graded"] = ms.partial_cv_r_squared(X[graded], h[graded], seq[graded], pos[graded])
+        partial(out, "readout_partial_r2_graded", X[graded], h[graded], seq[graded], pos[graded])
     if split is not None:
         out["spearman_pc1_split"] = ms.spearman(scores[:, 0], split)
     return out
@@ -514,9 +526,9 @@ def readout_baselines(h, pos, seq, split=None, graded=None, q=None):
     out = {"position": ms.cv_r_squared(P, h, seq)}
     if q is not None:
         for name, X in (("output_entropy", wt.entropy_bits(q)[:, None]), ("output_log_probs", np.log(np.maximum(q, 1e-30)))):
-            out[f"{name}_partial"] = ms.partial_cv_r_squared(X, h, seq, pos)
+            partial(out, f"{name}_partial", X, h, seq, pos)
             if graded is not None:
-                out[f"{name}_partial_graded"] = ms.partial_cv_r_squared(X[graded], h[graded], seq[graded], pos[graded])
+                partial(out, f"{name}_partial_graded", X[graded], h[graded], seq[graded], pos[graded])
     if split is not None:
         s = split.astype(np.float64)[:, None]
         out["split"] = ms.cv_r_squared(s, h, seq)

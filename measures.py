@@ -106,16 +106,16 @@ def within_groups(stat, a, b, groups):
     return float(np.mean(vals)) if vals else None
 
 
-def cv_r_squared(X, y, groups, folds=READOUT_FOLDS, ridge=READOUT_RIDGE):
-    """Held-out R^2 of the ridge readout y ~ X w + c (X's columns standardised on the training rows): rows in
-    folds by group (group g in fold g mod folds),
-    each fold predicted by the fit on the others; R^2 = 1 - sum (y - y_pred)^2 / sum (y - mean y)^2 over all
-    rows (below 0 when the readout is worse than the mean). None when y is constant or too few groups."""
+def cv_fold_sse(X, y, groups, folds=READOUT_FOLDS, ridge=READOUT_RIDGE):
+    """The held-out ridge readout y ~ X w + c (X's columns standardised on the training rows): rows in folds by
+    group (group g in fold g mod folds), each fold predicted by the fit on the others. -> (sse (F,), sst): each
+    fold's held-out sum of squared residuals, and the sum of squares of y about its mean over all rows; None
+    when y is constant or there are too few groups."""
     X, y = np.asarray(X, np.float64).reshape(len(y), -1), np.asarray(y, np.float64)
     fold = np.asarray(groups) % folds
     if constant(y) or len(np.unique(fold)) < 2:
         return None
-    pred = np.empty_like(y)
+    sse = []
     for f in np.unique(fold):
         test, train = fold == f, fold != f
         mu, ym = X[train].mean(0), y[train].mean()
@@ -124,20 +124,54 @@ def cv_r_squared(X, y, groups, folds=READOUT_FOLDS, ridge=READOUT_RIDGE):
         G = A.T @ A
         lam = max(ridge * np.trace(G) / max(len(G), 1), 1e-12)
         w = np.linalg.solve(G + lam * np.eye(len(G)), A.T @ (y[train] - ym))
-        pred[test] = (X[test] - mu) / sd @ w + ym
-    return 1.0 - float(((y - pred) ** 2).sum()) / float(((y - y.mean()) ** 2).sum())
+        sse.append(float(((y[test] - ((X[test] - mu) / sd @ w + ym)) ** 2).sum()))
+    return np.array(sse), float(((y - y.mean()) ** 2).sum())
+
+
+def cv_r_squared(X, y, groups, folds=READOUT_FOLDS, ridge=READOUT_RIDGE):
+    """Held-out R^2 of the readout of cv_fold_sse: 1 - sum over folds of sse / sst (below 0 when the readout
+    is worse than the mean). None when cv_fold_sse is."""
+    r = cv_fold_sse(X, y, groups, folds, ridge)
+    return None if r is None else 1.0 - float(r[0].sum()) / r[1]
+
+
+def partial_cv_folds(X, y, groups, position):
+    """The folds of the partial readout beyond the position: {"full": (F,), "base": (F,)} the held-out sse of
+    [X, one-hot position] and of the one-hot position alone (cv_fold_sse, the same folds). None where either
+    is undefined, or where the position leaves less than POSITION_LEAVES of y's variance (y is a function of
+    the position: the ratio would divide the ridge's rounding by nearly zero)."""
+    P = onehot(position)
+    full, base = cv_fold_sse(np.c_[X, P], y, groups), cv_fold_sse(P, y, groups)
+    if full is None or base is None or base[0].sum() / base[1] < POSITION_LEAVES:
+        return None
+    return {"full": full[0].tolist(), "base": base[0].tolist()}
+
+
+def partial_from_folds(folds):
+    """folds: partial_cv_folds' dict. -> (value, se): the share of what the position leaves of y that X adds,
+    held out, 1 - sum full / sum base (= (R^2([X, position]) - R^2(position)) / (1 - R^2(position))), and its
+    standard error over the folds (ratio_se, the folds as units). (None, None) when folds is None."""
+    if folds is None:
+        return None, None
+    r, se = ratio_se(folds["full"], folds["base"])
+    return 1.0 - r, se
+
+
+def partial_difference(folds, other):
+    """The partial R^2 of folds minus that of other (two partial_cv_folds dicts of readouts on the same rows
+    and folds): (sum other_full - sum full) / sum base, and its standard error over the folds, paired.
+    (None, None) when either is None."""
+    if folds is None or other is None:
+        return None, None
+    if not np.allclose(folds["base"], other["base"], rtol=1e-9, atol=0):
+        raise ValueError("partial_difference: the two readouts were not fitted on the same rows and folds")
+    return ratio_se(np.asarray(other["full"]) - np.asarray(folds["full"]), folds["base"])
 
 
 def partial_cv_r_squared(X, y, groups, position):
-    """The share of what the position leaves of y that X adds, held out: (R^2([X, position]) - R^2(position))
-    / (1 - R^2(position)), both by cv_r_squared with one-hot positions. None where either is undefined, or
-    where the position leaves less than POSITION_LEAVES of y's variance (y is a function of the position:
-    the ratio would divide the ridge's rounding by nearly zero)."""
-    P = onehot(position)
-    full, base = cv_r_squared(np.c_[X, P], y, groups), cv_r_squared(P, y, groups)
-    if full is None or base is None or 1.0 - base < POSITION_LEAVES:
-        return None
-    return (full - base) / (1.0 - base)
+    """The share of what the position leaves of y that X adds, held out (partial_from_folds of
+    partial_cv_folds); None where partial_cv_folds is."""
+    return partial_from_folds(partial_cv_folds(X, y, groups, position))[0]
 
 
 def mean_se(a):
@@ -147,7 +181,7 @@ def mean_se(a):
 
 
 def ratio_se(num, den):
-    """The ratio R = sum num / sum den of per-unit sums num, den (n,) (units: sequences) and its standard
+    """The ratio R = sum num / sum den of per-unit sums num, den (n,) (units: sequences, or folds) and its standard
     error by linearisation, sqrt(n / (n - 1) sum (num_i - R den_i)^2) / sum den; (None, None) when sum den
     is 0."""
     num, den = np.asarray(num, np.float64), np.asarray(den, np.float64)

@@ -302,7 +302,9 @@ def plot_manifold(man, xy, title, path, verdict=None, max_points=4000):
                f"graded rows ({man['graded_rows']}), dominant positions out, PCA refit\nPC1 "
                f"{'n/a' if g.get('pc1_variance') is None else format(100 * g['pc1_variance'], '.0f') + '%'} of the "
                f"variance; within a position Spearman {fmt(m.get('within_position_spearman_graded'))}; held-out "
-               f"R^2 of H beyond the position {fmt(m.get('readout_partial_r2_graded'))}"),
+               f"R^2 of H beyond the position {fmt(m.get('readout_partial_r2_graded'))}"
+               + ("" if m.get("readout_partial_r2_graded_se") is None
+                  else f" ± {m['readout_partial_r2_graded_se']:.2f} (SE over folds)")),
               (axes[2], xy["after_final_ln"], np.isin(xy["position"], dropped),
                f"all answer rows, after the final LayerNorm (the authors' view)\nPC1 {100 * ln['pc1_variance']:.0f}% "
                f"of the variance; Spearman(PC1, H) within a position {fmt(ln['mean_within_position_spearman'])}"))

@@ -371,6 +371,35 @@ def test_cross_validated_readout_by_hand():
     assert ms.partial_cv_r_squared(x, y, groups, pos) is None
 
 
+def test_the_partial_readouts_noise_over_its_folds_by_hand():
+    """Folds full (1, 3, 2), base (2, 4, 8): the partial R^2 is 1 - 6/14 = 0.5714 (the mean of the folds'
+    own 1 - full/base, 0.5, is another number); its SE by linearisation: residuals full - (6/14) base =
+    (0.1429, 1.2857, -1.4286), sum of squares 3.7143, sqrt(3/2 x 3.7143) / 14 = 0.1686 (the folds' ratios'
+    own SE, 0.1443, is another). The difference from another readout on the same folds, full (2, 5, 7):
+    (14 - 6) / 14 = 0.5714, paired SE from (1, 2, 5) - 0.5714 x (2, 4, 8) = (-0.1429, -0.2857, 0.4286):
+    sqrt(3/2 x 0.2857) / 14 = 0.0468 (unpaired, from the two SEs 0.1686 and 0.1237, it would be 0.209)."""
+    f, g = {"full": [1, 3, 2], "base": [2, 4, 8]}, {"full": [2, 5, 7], "base": [2, 4, 8]}
+    value, se = ms.partial_from_folds(f)
+    assert value == pytest.approx(4 / 7) and se == pytest.approx(0.168599, abs=1e-6)
+    d, dse = ms.partial_difference(f, g)
+    assert d == pytest.approx(ms.partial_from_folds(f)[0] - ms.partial_from_folds(g)[0])
+    assert d == pytest.approx(4 / 7) and dse == pytest.approx(0.046761, abs=1e-6)
+    assert ms.partial_from_folds(None) == (None, None) and ms.partial_difference(f, None) == (None, None)
+    with pytest.raises(ValueError, match="same rows and folds"):
+        ms.partial_difference(f, {"full": [2, 5, 7], "base": [2, 4, 9]})
+    # from data: the folds' sums give the same partial R^2 as the two held-out R^2 (the definition), and
+    # cv_r_squared is 1 - the folds' sse over the total
+    rng = np.random.default_rng(3)
+    x, groups, pos = rng.standard_normal((500, 2)), np.repeat(np.arange(100), 5), np.tile(np.arange(5), 100)
+    y = pos + x[:, 0] + rng.standard_normal(500)
+    folds = ms.partial_cv_folds(x, y, groups, pos)
+    full, base = ms.cv_r_squared(np.c_[x, ms.onehot(pos)], y, groups), ms.cv_r_squared(ms.onehot(pos), y, groups)
+    assert len(folds["full"]) == ms.READOUT_FOLDS
+    assert ms.partial_from_folds(folds)[0] == pytest.approx((full - base) / (1 - base))
+    sse, sst = ms.cv_fold_sse(x, y, groups)
+    assert ms.cv_r_squared(x, y, groups) == pytest.approx(1 - sse.sum() / sst) and 0 < ms.partial_from_folds(folds)[1] < 0.1
+
+
 def test_a_sink_carries_the_entropy_drop_and_evidence_rows_do_not():
     """Rows that put all their mass on position 0 are as sharp (entropy 0) as rows on their evidence; the
     sink control tells them apart: share 1 against 0."""

@@ -45,11 +45,31 @@ def attention(layers, swaps):
     return {"layers": layers, "query_swap": {"layers": swaps}}
 
 
-def manifold_part(pc1=0.3, within=0.2, readout=0.5, output=0.1, graded="every row", dominant=(0,)):
-    level = {"readout_partial_r2": readout, "readout_partial_r2_graded": readout}
-    other = {k: None if readout is None else 0.0 for k in level}
-    outputs = {f"output_{k}_partial{g}": None if output is None else output * f
-               for k, f in (("entropy", 1.0), ("log_probs", 0.5)) for g in ("", "_graded")}
+FOLD_BASE = [10.0] * 5                                   # each fold's held-out sse from the position alone
+PATTERNS = {"A": [1, -1, 1, -1, 0], "B": [1, 1, -1, -1, 0]}   # fold-to-fold spread that leaves the sums alone
+
+
+def folds(r, spread=0.0, pattern="A"):
+    """Folds of a partial readout r: full = (1 - r) x base, plus spread x a pattern summing to 0; its standard
+    error over the folds is sqrt(5 / 4 x 4) x spread / 50 = 0.0447 x spread."""
+    return None if r is None else {"full": [(1 - r) * b + spread * e for b, e in zip(FOLD_BASE, PATTERNS[pattern])],
+                                   "base": list(FOLD_BASE)}
+
+
+def manifold_part(pc1=0.3, within=0.2, readout=0.5, output=0.1, graded="every row", dominant=(0,),
+                  readout_spread=0.0, output_spread=0.0, output_pattern="B", log_probs_spread=None):
+    level = {k: v for g in ("", "_graded") for k, v in
+             ((f"readout_partial_r2{g}", readout), (f"readout_partial_r2{g}_folds", folds(readout, readout_spread)))}
+    other = {k: v for g in ("", "_graded") for k, v in
+             ((f"readout_partial_r2{g}", None if readout is None else 0.0),
+              (f"readout_partial_r2{g}_folds", None if readout is None else folds(0.0)))}
+    outputs = {}
+    for k, f in (("entropy", 1.0), ("log_probs", 0.5)):
+        for g in ("", "_graded"):
+            o = None if output is None else output * f
+            outputs[f"output_{k}_partial{g}"] = o
+            spread = log_probs_spread if k == "log_probs" and log_probs_spread is not None else output_spread
+            outputs[f"output_{k}_partial{g}_folds"] = folds(o, spread, output_pattern)
     return {"residual_final": {"pc1_variance": 0.9, "pc1_variance_without_dominant": pc1,
                                "dominant_positions": list(dominant), "pc1_variance_unit_rows": pc1,
                                "mean_within_position_spearman": within, "within_position_spearman_graded": within,
@@ -224,11 +244,41 @@ def test_sharpening_is_judged_per_head_and_layer_by_layer_by_the_rule():
     (dict(readout=0.5, output=0.405), "marginal", "marginal: not on PC1"),  # 0.095 beyond: within 10% of 0.1
     (dict(output=None), "undecided", "undecided: not on PC1"),        # no output readout: cannot count it
     (dict(graded="40.0% of the rows", dominant=()), "elsewhere", "not on PC1 (PC1 holds 30%"),
+    # the readout's fold-to-fold noise: 0.25 is 0.05 above 0.2, within 2 x 0.0447 (spread 1): undecided
+    (dict(readout=0.25), "elsewhere", "explains 25%"),
+    (dict(readout=0.25, readout_spread=1.0), "undecided", "undecided: not on PC1"),
+    (dict(readout=0.15, readout_spread=1.0), "undecided", "undecided: not on PC1"),
+    (dict(readout=0.1, readout_spread=1.0), "not supported", "not supported: not on PC1"),   # 0.1 below: 2.2 SE
+    # beyond the output: 0.12 against 0.1; the output's folds spread on another pattern: undecided
+    (dict(readout=0.5, output=0.38), "elsewhere", "graded entropy lies elsewhere"),
+    (dict(readout=0.5, output=0.38, output_spread=1.0), "undecided", "undecided: not on PC1"),
+    (dict(readout=0.5, output=0.42, output_spread=1.0), "undecided", "undecided: not on PC1"),  # 0.08: not below
+    # ... but the same spread on the same folds cancels in the paired difference (unpaired it would not)
+    (dict(readout=0.5, output=0.38, readout_spread=1.0, output_spread=1.0, output_pattern="A"), "elsewhere",
+     "graded entropy lies elsewhere"),
+    # the noise is the folds of the output readout that is compared (the entropy's, 0.38), not the other's
+    (dict(readout=0.5, output=0.38, log_probs_spread=3.0), "elsewhere", "graded entropy lies elsewhere"),
 ])
 def test_manifold_rule_branches(kw, outcome, text):
     v = vd.manifold({"manifold": manifold_part(**kw), "authors": {"manifold": AUTHORS_MANIFOLD}})
     assert v["outcome"] == outcome and v["verdict"].startswith(outcome if outcome != "elsewhere" else "not on PC1")
     assert text in v["verdict"], v["verdict"]
+
+
+def test_the_manifold_rule_reports_the_folds_noise_and_needs_the_folds():
+    g = {"manifold": manifold_part(readout=0.25, readout_spread=1.0, output=0.1, output_spread=2.0),
+         "authors": {"manifold": AUTHORS_MANIFOLD}}
+    v = vd.manifold(g)
+    se = 5 ** 0.5 / 50                                   # 0.0447 per unit of spread
+    assert v["controls"]["its standard error over the folds"] == pytest.approx(se)
+    # the difference's folds: output (pattern B, spread 2) minus readout (pattern A, spread 1): residuals
+    # 2B - A = (1, 3, -3, -1, 0), sum of squares 20: sqrt(5 / 4 x 20) / 50 = 0.1
+    paired = v["controls"]["the same beyond the output's readout, standard error over the folds (paired)"]
+    assert paired == pytest.approx(0.1)
+    assert "SE 0.04 over the folds" in v["margin"] and "(SE 0.10; 0.1 asked)" in v["margin"]
+    del g["manifold"]["by_layer"]["residual"][1]["readout_partial_r2_folds"]
+    with pytest.raises(ValueError, match="readout_partial_r2_folds"):
+        vd.manifold(g)
 
 
 # ----------------------------------------------------------------------------

@@ -14,10 +14,13 @@ c5785ed: a sink no longer vetoes an aligned layer). CALIBRATED, NOISE_Z, MARGINA
 ESSENTIAL, IN_DISTRIBUTION, STILL and the per-head, specificity, stillness and several-seed rules were set for
 issue 27 after a second review had read the earlier runs (RESULTS.md's numbers at that time: e.g. the HMM
 default's KL at 48% of a uniform guess's, the first sawtooth preset's at 5%), and committed before the
-two-seed runs RESULTS.md judges with them were probed. None of them was tuned on those runs.
+two-seed runs RESULTS.md judges with them were probed. None of them was tuned on those runs. The manifold
+rule's two readout comparisons gained their noise (the standard error over the readout's folds) later, with
+no threshold changed, before the runs RESULTS.md now judges were probed again.
 
 Every comparison with a threshold goes through compare(): within NOISE_Z x the noise of the quantity (the
-spread of the baseline over its seeds, or the standard error over the probe sequences) it is 'undecided';
+spread of the baseline over its seeds, or the standard error over the probe sequences or the readout's
+folds) it is 'undecided';
 beyond that but within MARGINAL x the threshold, 'marginal'; only then above or below.
 """
 
@@ -45,7 +48,7 @@ RULES = {
     "calibration_gate": f"a run is judged only when its KL is below {CALIBRATED:.0%} of a uniform guess's KL on the "
                         f"same rows; otherwise every claim is 'not judged: not calibrated'.",
     "margins": f"every comparison with a threshold is undecided within {NOISE_Z:g}x the noise of what it compares "
-               f"(the baseline's sd over seeds, or a standard error over the probe sequences), marginal beyond that "
+               f"(the baseline's sd over seeds, or a standard error over the probe sequences or folds), marginal beyond that "
                f"but within {MARGINAL:.0%} of the threshold; only then above or below.",
     "key_frame": f"supported when the trained hypothesis keys (the authors' recipe) have a lower mean |cos| than "
                  f"the random initialisations (five seeds), both as they are and centred over the tokens; not "
@@ -64,7 +67,9 @@ RULES = {
                 f"told from the position; otherwise 'elsewhere' (graded entropy linearly readable) when the best "
                 f"held-out partial R^2 beyond the position (graded rows, any layer) is at least "
                 f"{READOUT_PARTIAL:g} and beats the same readout from the model's own output distribution (its "
-                f"entropy, or its log-probabilities) by {READOUT_BEYOND:g} or more; else not supported.",
+                f"entropy, or its log-probabilities) by {READOUT_BEYOND:g} or more; else not supported. Noise of "
+                f"the readout comparisons: the standard error over the readout's {ms.READOUT_FOLDS} folds (paired "
+                f"fold by fold for the difference from the output's readout).",
     "frame_head": f"a head is essential when removing it adds more KL than {ESSENTIAL:.0%} of the gap between a "
                   f"uniform guess and the model (uniform KL - model KL), under every ablation that keeps the rest "
                   f"of the network in distribution: {', '.join(IN_DISTRIBUTION)} (the head's mean at each "
@@ -210,6 +215,8 @@ def manifold(g):
                 "within-position Spearman, all rows": m["mean_within_position_spearman"],
                 "within-position Spearman, graded rows": within,
                 "partial readout R^2 beyond the position (held out), best layer": scores[best],
+                "its standard error over the folds": None,
+                "the same beyond the output's readout, standard error over the folds (paired)": None,
                 "best layer": names[best],
                 "the same from the model's output: its entropy, its log-probabilities": outputs,
                 "readout R^2 from the position alone": pos_r2,
@@ -225,8 +232,18 @@ def manifold(g):
     pc1, rho = compare(m["pc1_variance_without_dominant"], PC1_SHARE), compare(within, WITHIN_RHO)
     margin = (f"PC1 {m['pc1_variance_without_dominant']:.0%} ({PC1_SHARE:.0%} asked), within-position Spearman "
               f"{within:.2f} ({WITHIN_RHO:g} asked)")
-    readable = compare(scores[best], READOUT_PARTIAL)
-    beyond = "undecided" if output is None else compare(scores[best] - output, READOUT_BEYOND)
+    best_folds = layers[best].get(key + "_folds")
+    if best_folds is None:
+        raise ValueError(f"the manifold verdict needs the readout's folds ({key}_folds), which this geometry.json "
+                         f"lacks (probed before they were kept): probe the checkpoint again")
+    _, readable_se = ms.partial_from_folds(best_folds)
+    out_folds = [base.get(f"output_{k}_partial{suffix}_folds") for k in ("entropy", "log_probs")]
+    out_folds = out_folds[outputs.index(output)] if output is not None else None
+    _, beyond_se = ms.partial_difference(best_folds, out_folds)
+    controls["its standard error over the folds"] = readable_se
+    controls["the same beyond the output's readout, standard error over the folds (paired)"] = beyond_se
+    readable = compare(scores[best], READOUT_PARTIAL, readable_se)
+    beyond = "undecided" if output is None else compare(scores[best] - output, READOUT_BEYOND, beyond_se)
     pc1_text = (f"without the dominating position{'s' if len(m['dominant_positions']) > 1 else ''} "
                 f"{', '.join(map(str, m['dominant_positions']))} PC1 holds" if m["dominant_positions"] else "PC1 holds")
     readout = (f"a held-out readout explains {scores[best]:.0%} of what the position leaves of H_Bayes "
@@ -238,8 +255,9 @@ def manifold(g):
         outcome = unsettled((pc1, rho))
         verdict, decided = f"{outcome}: PC1 near its thresholds", "the dominating position and the graded rows"
     else:
-        margin += (f"; readout {scores[best]:.2f} ({READOUT_PARTIAL:g} asked), beyond the output "
-                   f"{fmt(None if output is None else scores[best] - output, '.2f')} ({READOUT_BEYOND:g} asked)")
+        margin += (f"; readout {scores[best]:.2f} (SE {fmt(readable_se, '.2f')} over the folds; {READOUT_PARTIAL:g} "
+                   f"asked), beyond the output {fmt(None if output is None else scores[best] - output, '.2f')} (SE "
+                   f"{fmt(beyond_se, '.2f')}; {READOUT_BEYOND:g} asked)")
         decided = "the graded rows, the held-out readout and the output's own readout"
         not_pc1 = f"not on PC1 ({pc1_text} {m['pc1_variance_without_dominant']:.0%}; within a position on the graded " \
                   f"rows Spearman {within:.2f})"

@@ -3,7 +3,7 @@ each mutant is one textual change to one file of a scratch copy of the repositor
 the tests named beside it run on that copy; killed = they fail. A mutant whose text no longer matches the
 code is reported as not applied (update its line here when the code changes).
 
-    NUMBA_NUM_THREADS=1 python .ci/mutants_verdicts.py [index ...]      # about 10 minutes for all 50
+    NUMBA_NUM_THREADS=1 python .ci/mutants_verdicts.py [index ...]      # about 12 minutes for all 57
 """
 import os
 import shutil
@@ -46,7 +46,14 @@ MUTANTS = [
  ("key-frame verdict hard-wired 'supported'", "verdicts.py", 'elif all(r == "below" for r in res.values()):', "elif True:", V),
  ("manifold verdict hard-wired 'supported'", "verdicts.py", 'if pc1 == "above" and rho == "above":', "if True:", V),
  ("output readout baseline constant 0", "verdicts.py", "output = max((o for o in outputs if o is not None), default=None)", "output = 0.0", V),
- ("beyond-the-output test ignored", "verdicts.py", 'beyond = "undecided" if output is None else compare(scores[best] - output, READOUT_BEYOND)', 'beyond = "above"', V),
+ ("beyond-the-output test ignored", "verdicts.py", 'beyond = "undecided" if output is None else compare(scores[best] - output, READOUT_BEYOND, beyond_se)', 'beyond = "above"', V),
+ ("readout noise ignored", "verdicts.py", "readable = compare(scores[best], READOUT_PARTIAL, readable_se)", "readable = compare(scores[best], READOUT_PARTIAL)", V),
+ ("beyond-the-output noise ignored", "verdicts.py", "compare(scores[best] - output, READOUT_BEYOND, beyond_se)", "compare(scores[best] - output, READOUT_BEYOND)", V),
+ ("beyond-the-output noise unpaired", "verdicts.py", "_, beyond_se = ms.partial_difference(best_folds, out_folds)", "beyond_se = None if out_folds is None else (readable_se ** 2 + ms.partial_from_folds(out_folds)[1] ** 2) ** 0.5", V),
+ ("beyond-the-output noise from the other output", "verdicts.py", "out_folds = out_folds[outputs.index(output)] if output is not None else None", "out_folds = out_folds[-1] if output is not None else None", V),
+ ("partial readout: mean of the folds' ratios", "measures.py", 'r, se = ratio_se(folds["full"], folds["base"])', 'r, se = float(np.mean(np.divide(folds["full"], folds["base"]))), ratio_se(folds["full"], folds["base"])[1]', P),
+ ("partial difference reversed", "measures.py", 'return ratio_se(np.asarray(other["full"]) - np.asarray(folds["full"]), folds["base"])', 'return ratio_se(np.asarray(folds["full"]) - np.asarray(other["full"]), folds["base"])', P),
+ ("folds not kept", "manifold.py", '(out[key], out[key + "_se"]), out[key + "_folds"] = ms.partial_from_folds(folds), folds', '(out[key], out[key + "_se"]), out[key + "_folds"] = ms.partial_from_folds(folds), None', P),
  ("output entropy readout from a constant", "manifold.py", '("output_entropy", wt.entropy_bits(q)[:, None])', '("output_entropy", np.zeros((len(q), 1)))', P),
  ("frame-head rule reads the level, not the rise", "verdicts.py", 'compare(r["delta_kl_bits"], threshold, r.get("delta_kl_se_bits"))', 'compare(abl["baseline"]["kl_bits"] + r["delta_kl_bits"], abl["uniform_kl_bits"], r.get("delta_kl_se_bits"))', V),
  ("frame-head noise ignored", "verdicts.py", 'compare(r["delta_kl_bits"], threshold, r.get("delta_kl_se_bits"))', 'compare(r["delta_kl_bits"], threshold)', V),
