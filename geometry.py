@@ -27,6 +27,7 @@ import plots  # noqa: E402
 import runs  # noqa: E402
 import tasks  # noqa: E402
 from checkpoints import load_checkpoint, plain, versions, write_json  # noqa: E402
+import state_clusters  # noqa: E402
 import verdicts  # noqa: E402
 from manifold import (AUTHORS_DEFINITIONS, AUTHORS_FRAME_RANK, AUTHORS_NUMBERS, DEFINITIONS,  # noqa: E402
                       RANDOM_INIT_SEEDS, ablations, attention_probe, authors_key_frame, frame_matrix, key_frame_probe,
@@ -34,6 +35,7 @@ from manifold import (AUTHORS_DEFINITIONS, AUTHORS_FRAME_RANK, AUTHORS_NUMBERS, 
                       supervised_columns, task_module, uniform_kl_bits,
                       task_of, token_names)
 
+PROBE_DEFINITIONS = {**DEFINITIONS, "state_clusters": state_clusters.__doc__}   # every probe's, into geometry.json
 SNAPSHOT_SEQS = 200         # probe sequences per training snapshot (probe 6) ...
 SNAPSHOT_FLOATS = 2e7       # ... fewer if one snapshot's attention (n L NH T T floats) would exceed this
 
@@ -98,9 +100,9 @@ def _analyze(checkpoint_path, fig_dir, n_seqs, seed):
         "step": meta.get("step"), "train_seed": meta.get("seed"), "config": dataclasses.asdict(cfg), "probe_sequences": n_seqs, "probe_seed": seed,
         "versions": versions(),
         "authors": authors, "authors_definitions": AUTHORS_DEFINITIONS, "authors_numbers": AUTHORS_NUMBERS,
-        "definitions": DEFINITIONS,
+        "definitions": PROBE_DEFINITIONS,
         "key_frame": frame, "attention": att, "manifold": man, "logit_lens": lens, "ablations": abl,
-        "frame_precision": fp})
+        "frame_precision": fp, "clusters": cluster_probe_of(meta["model"], cfg, batch, task, cache, seed)})
     out["verdicts"] = v = plain(verdicts.judge(out))
     # every figure draws the controls that decide its claim and prints the verdict of the same probes
     rules = dict(sharp=verdicts.SHARP, sink_share=verdicts.SINK_SHARE, aligned=verdicts.SWAP_ALIGNED,
@@ -121,7 +123,22 @@ def _analyze(checkpoint_path, fig_dir, n_seqs, seed):
     return out
 
 
-STATE_PROBES = "the final state's PCA with its controls, the cross-validated entropy readout, the logit lens"
+def cluster_probe_of(name, cfg, batch, task, cache, seed):
+    """Probe 7 where the task names hidden states (its CLUSTERS; else None): the final residual stream at the
+    answer rows, of the trained model (cache) and of randomly initialised models of the same family
+    (RANDOM_INIT_SEEDS), clustered against the exact posterior (state_clusters.cluster_probe)."""
+    if getattr(task_module(task), "CLUSTERS", None) is None:
+        return None
+    cols = supervised_columns(batch)
+    rows = lambda a: a[:, cols].reshape(-1, a.shape[-1])                   # (n, T, C) -> (N, C)
+    init = [rows(models.forward(name, models.init_params(name, cfg, s), batch["tokens"], cfg)[1]["resid"][-1])
+            for s in RANDOM_INIT_SEEDS]
+    seq = np.repeat(np.arange(len(batch["tokens"])), len(cols))
+    return state_clusters.cluster_probe(rows(cache["resid"][-1]), rows(batch["posterior"]), seq, init, seed)
+
+
+STATE_PROBES = ("the final state's PCA with its controls, the cross-validated entropy readout, the state clusters "
+                "(where the task names hidden states), the logit lens")
 SKIPPED = "the key frame, attention entropy and query swap, head ablations, frame-precision (they read attention)"
 
 
@@ -142,12 +159,14 @@ def _state_probes(checkpoint_path, params, cfg, meta, task, settings, batch, n_s
     out = plain({
         "checkpoint": os.path.abspath(checkpoint_path), "task": task, "settings": settings, "model": name,
         "step": meta.get("step"), "train_seed": meta.get("seed"), "config": dataclasses.asdict(cfg),
-        "probe_sequences": n_seqs, "probe_seed": seed, "versions": versions(), "definitions": DEFINITIONS,
+        "probe_sequences": n_seqs, "probe_seed": seed, "versions": versions(),
+        "definitions": PROBE_DEFINITIONS,
         "probes": STATE_PROBES if lens is not None else STATE_PROBES.replace(", the logit lens", ""),
         "skipped": SKIPPED + ("" if lens is not None else "; the logit lens (no shared head)"),
         "calibration": {**calibration_now, "uniform_kl_bits": uniform_kl_bits(batch)},
-        "authors": {"manifold": man["authors"]}, "manifold": man, "logit_lens": lens})
-    out["verdicts"] = v = plain(verdicts.judge(out, claims=("manifold",)))
+        "authors": {"manifold": man["authors"]}, "manifold": man, "logit_lens": lens,
+        "clusters": cluster_probe_of(name, cfg, batch, task, cache, seed)})
+    out["verdicts"] = v = plain(verdicts.judge(out, claims=("manifold", "state_clusters")))
     out["figures"] = [plots.plot_manifold(man, xy, title, fig("value_manifold"), v["manifold"])]
     if lens is not None:
         out["figures"].append(plots.plot_logit_lens(lens, title, fig("logit_lens")))
@@ -270,7 +289,8 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0, help="seed of the probe sequences")
     args = p.parse_args(argv)
     if args.definitions:
-        for title, d in (("ours", DEFINITIONS), ("the authors'", AUTHORS_DEFINITIONS), ("verdict rules", verdicts.RULES)):
+        for title, d in (("ours", PROBE_DEFINITIONS), ("the authors'", AUTHORS_DEFINITIONS),
+                         ("verdict rules", verdicts.RULES)):
             print(f"# {title}")
             for k, v in d.items():
                 print(f"{k}: {v}")

@@ -23,6 +23,7 @@ TINY = {"train": {"n_obs": 3}, "grad": {"n_obs": 3}}   # the conformance tests' 
 LEGACY_META = {"n_obs": "K"}    # older checkpoints' meta named the observations K
 ANSWER_LABEL = "observation t"  # what the figures call the i-th answer
 EVAL_LENGTHS = (30, 50)     # observations per held-out sequence past the training length
+CLUSTERS = "hidden state"   # what the posterior's classes are (geometry's probe 7 clusters the states by them)
 
 
 def check_n_obs(n_obs, s):

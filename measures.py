@@ -1,6 +1,7 @@
 """measures: the statistics the geometry probes share, on plain arrays (no model, no task): cosines and
 the Welch bound, the participation ratio, PCA, rank and linear correlations, in-sample and held-out
-R^2 (ridge readouts cross-validated by sequence), and which entries dominate a statistic. manifold.py's
+R^2 (ridge readouts cross-validated by sequence), k-means, normalised mutual information and the share of
+variance between groups, and which entries dominate a statistic. manifold.py's
 DEFINITIONS says how each probe uses them; test_manifold.py checks them on cases computed by hand.
 """
 
@@ -18,6 +19,7 @@ DOMINANCE = 5.0             # a position, token or head dominates when its share
 READOUT_FOLDS = 5           # cross-validated readouts: folds split by sequence
 READOUT_RIDGE = 1e-3        # ridge of the readouts, relative to the mean eigenvalue of X^T X
 POSITION_LEAVES = 1e-3      # a partial readout beyond the position needs the position to leave 0.1% of H
+KMEANS_RESTARTS = 5         # k-means: the best of 5 seedings
 
 
 def cosine_matrix(X):
@@ -172,6 +174,60 @@ def partial_cv_r_squared(X, y, groups, position):
     """The share of what the position leaves of y that X adds, held out (partial_from_folds of
     partial_cv_folds); None where partial_cv_folds is."""
     return partial_from_folds(partial_cv_folds(X, y, groups, position))[0]
+
+
+def kmeans(X, k, seed=0, restarts=KMEANS_RESTARTS, iters=100):
+    """Lloyd's k-means of the rows of X (N, C) into k clusters, seeded by k-means++ (each next centre drawn
+    with probability proportional to the squared distance to the nearest centre so far), the best of
+    restarts by the within-cluster sum of squares. -> labels (N,) in 0..k-1."""
+    X = np.asarray(X, np.float64)
+    rng = np.random.default_rng(seed)
+    best, best_ss = None, np.inf
+    for _ in range(restarts):
+        centres = [X[rng.integers(len(X))]]
+        for _ in range(1, k):
+            d2 = ((X[:, None, :] - np.array(centres)[None]) ** 2).sum(-1).min(1)       # (N,)
+            centres.append(X[rng.choice(len(X), p=d2 / d2.sum())] if d2.sum() > 0 else X[rng.integers(len(X))])
+        centres = np.array(centres)                                                     # (k, C)
+        for _ in range(iters):
+            labels = ((X[:, None, :] - centres[None]) ** 2).sum(-1).argmin(1)           # (N,)
+            new = np.array([X[labels == j].mean(0) if (labels == j).any() else centres[j] for j in range(k)])
+            if np.allclose(new, centres):
+                break
+            centres = new
+        ss = float(((X - centres[labels]) ** 2).sum())
+        if ss < best_ss:
+            best, best_ss = labels, ss
+    return best
+
+
+def nmi(a, b):
+    """Normalised mutual information of two labelings a, b (N,): I(a; b) / sqrt(H(a) H(b)) (any log base:
+    it cancels), 0 when they are independent, 1 when one determines the other both ways; None when either
+    is constant."""
+    _, a = np.unique(a, return_inverse=True)
+    _, b = np.unique(b, return_inverse=True)
+    joint = np.zeros((a.max() + 1, b.max() + 1))
+    np.add.at(joint, (a, b), 1.0)
+    p = joint / len(a)
+    pa, pb = p.sum(1), p.sum(0)
+    ha, hb = -(pa * np.log(pa)).sum(), -(pb * np.log(pb)).sum()
+    if ha <= 0 or hb <= 0:
+        return None
+    nz = p > 0
+    return float((p[nz] * np.log(p[nz] / np.outer(pa, pb)[nz])).sum() / math.sqrt(ha * hb))
+
+
+def cluster_share(X, labels):
+    """The share of X's variance between the groups of labels: 1 - sum_i ||x_i - mean of its group||^2 /
+    sum_i ||x_i - mean||^2 (1 when each group is one point, 0 when every group has the overall mean);
+    None when X is constant."""
+    X = np.asarray(X, np.float64)
+    total = float(((X - X.mean(0)) ** 2).sum())
+    if total <= 0:
+        return None
+    within = sum(float(((X[labels == g] - X[labels == g].mean(0)) ** 2).sum()) for g in np.unique(labels))
+    return 1.0 - within / total
 
 
 def mean_se(a):

@@ -379,7 +379,8 @@ def test_presets_by_count_match_the_transformer_within_five_percent(name):
 @pytest.mark.parametrize("name", [n for n in FAMILIES if not getattr(models.module(n), "PROBES", False)])
 def test_geometry_runs_the_probes_that_read_no_attention(name, tmp_path, capsys):
     """A family without attention: geometry.py runs the state probes (the manifold with its controls, the
-    readout, the logit lens where it has the shared head), judges the manifold claim only, and says in one
+    readout, the state clusters, the logit lens where it has the shared head), judges the manifold and the
+    state clusters only, and says in one
     line what it skipped; the calibration gate reads the model's own KL against a uniform guess's."""
     import geometry
     import train
@@ -389,7 +390,8 @@ def test_geometry_runs_the_probes_that_read_no_attention(name, tmp_path, capsys)
     capsys.readouterr()
     g = geometry.main([str(out / "checkpoint.npz"), "--n-seqs", "6"])
     printed = capsys.readouterr().out
-    assert list(g["verdicts"]) == ["manifold"] and g["verdicts"]["manifold"]["outcome"] == "not judged"
+    assert list(g["verdicts"]) == ["manifold", "state_clusters"] and g["verdicts"]["manifold"]["outcome"] == "not judged"
+    assert g["clusters"]["k"] == 5 and len(g["clusters"]["nmi_init_per_seed"]) == 5    # the HMM's hidden states
     assert 0 < g["calibration"]["kl_bits"] and g["calibration"]["uniform_kl_bits"] > 0
     assert g["manifold"]["residual_final"]["pc1_variance"] > 0 and "attn_out_last" not in g["manifold"]
     assert f"probes run on --model {name}:" in printed and "skipped: the key frame" in printed

@@ -218,6 +218,7 @@ def test_analyze_smoke_bijection(tmp_path):
     check_geometry(g, run, tmp_path / "figs")
     assert len(g["attention"]["layers"]) == cfg.n_layers
     assert g["frame_precision"]["steps"] == [10, 100]
+    assert g["clusters"] is None and g["verdicts"]["state_clusters"]["outcome"] in ("not measured", "not judged")
     heads = [f"L{l}H{h}" for l in range(cfg.n_layers) for h in range(cfg.n_heads)]
     assert g["ablations"]["hypothesis_frame_head"]["name"] in heads
     worst = max(g["ablations"]["heads"], key=lambda r: r["delta_kl_bits"])     # the rule it states: largest KL rise
@@ -234,6 +235,9 @@ def test_analyze_smoke_hmm(tmp_path):
     g = geometry.analyze(str(run / "checkpoint.npz"), fig_dir=str(tmp_path / "figs"), n_seqs=3, seed=0)
     check_geometry(g, run, tmp_path / "figs")
     assert set(g["key_frame"]["ln"]) == {"observations", "probabilities"}
+    c = g["clusters"]                                   # probe 7: the HMM names hidden states; 3 x 20 rows
+    assert c["k"] == hmm.S and c["rows"] == 60 and len(c["nmi_init_per_seed"]) == len(geometry.RANDOM_INIT_SEEDS)
+    assert g["verdicts"]["state_clusters"]["rule"] == verdicts.RULES["state_clusters"]
 
 
 def test_bad_arguments_give_one_clear_line(tmp_path):
@@ -590,3 +594,46 @@ def test_uniform_kl_bits_by_hand():
     post = np.array([[[1, 0, 0, 0], [0, 0, 1, 0], [0.25] * 4, [0.5, 0.5, 0, 0], [0.25] * 4]], float)
     batch = dict(tokens=np.zeros((1, 5), int), posterior=post, mask=np.array([[1, 1, 1, 1, 0]]))
     assert manifold.uniform_kl_bits(batch) == pytest.approx(1.25, abs=1e-12)
+
+
+def test_cluster_measures_by_hand():
+    """nmi([0,0,1,1], [0,0,0,1]): H(a) = ln 2, H(b) = H(0.75, 0.25) = 0.5623 nats, I = 0.5 ln(4/3) + 0.25 ln(2/3)
+    + 0.25 ln 2 = 0.2158; I / sqrt(H(a) H(b)) = 0.3456 (over the min 0.384, the mean 0.344, the max 0.311).
+    cluster_share of 0, 2, 10, 12 in groups {0, 2}, {10, 12}: within 4, total 104 about the mean 6: 0.9615."""
+    assert ms.nmi([0, 0, 1, 1], [0, 0, 0, 1]) == pytest.approx(0.34559, abs=1e-5)
+    assert ms.nmi([0, 0, 1, 1], [1, 1, 0, 0]) == pytest.approx(1.0) and ms.nmi([0, 0, 1, 1], [0, 1, 0, 1]) == 0.0
+    assert ms.nmi([0, 0, 0, 0], [0, 1, 0, 1]) is None
+    x = np.array([[0.0], [2.0], [10.0], [12.0]])
+    assert ms.cluster_share(x, np.array([0, 0, 1, 1])) == pytest.approx(1 - 4 / 104)
+    assert ms.cluster_share(x, np.array([0, 1, 1, 0])) == pytest.approx(0.0)      # both groups' mean is 6
+    assert ms.cluster_share(np.ones((4, 2)), np.array([0, 0, 1, 1])) is None
+    rng = np.random.default_rng(0)                                   # three blobs: k-means finds them
+    truth = np.repeat(np.arange(3), 50)
+    blobs = np.array([[0, 0], [5, 0], [0, 5]])[truth] + 0.3 * rng.standard_normal((150, 2))
+    assert ms.nmi(ms.kmeans(blobs, 3), truth) == pytest.approx(1.0)
+
+
+def test_the_cluster_probe_tells_state_clusters_from_the_posteriors_own():
+    """States that are one blob per MAP state, tighter than the posterior: NMI 1, share beyond the
+    posterior's; states that are the posterior itself (a linear copy): NMI as high, but nothing beyond it;
+    states of noise: NMI near the shuffled labels'. The verdict reads each as supported / partly / not."""
+    import state_clusters
+    rng = np.random.default_rng(1)
+    n_seq, T, K = 60, 10, 3
+    seq = np.repeat(np.arange(n_seq), T)
+    P = rng.dirichlet(np.full(K, 0.7), size=n_seq * T)                     # (N, K) graded posteriors
+    labels = P.argmax(1)
+    blobs = np.eye(K)[labels] * 4 + 0.1 * rng.standard_normal((len(P), K))  # one tight blob per MAP state
+    copy = P @ rng.standard_normal((K, 6))                                   # the posterior, linearly
+    noise = [rng.standard_normal((len(P), 6)) for _ in range(3)]
+    judged = {}
+    for name, X in (("blobs", blobs), ("copy", copy), ("noise", noise[0])):
+        c = state_clusters.cluster_probe(X, P, seq, noise[1:])
+        judged[name] = (c, verdicts.state_clusters({"clusters": c}))
+    c, v = judged["blobs"]
+    assert c["nmi"] == pytest.approx(1.0) and c["share_beyond_posterior"] > 0.2 and v["outcome"] == "supported"
+    c, v = judged["copy"]
+    assert c["nmi"] > 0.5 and abs(c["share_beyond_posterior"]) < 0.05 and v["outcome"] == "partly"
+    c, v = judged["noise"]
+    assert c["nmi"] < 0.05 and v["outcome"] == "not supported"
+    assert sum(c["label_shares"]) == pytest.approx(1.0) and len(c["nmi_init_per_seed"]) == 2

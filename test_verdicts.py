@@ -108,6 +108,13 @@ def frame_part(plateau=200, gain_kl=40.0, stillness=0.1, blocks=(400, 800, None)
             "blocks": {f"block{i}": {"plateau_step": p, "gain_kl": 1.0, "stillness": 1.0} for i, p in enumerate(blocks)}}
 
 
+def cluster_part(nmi=0.8, nmi_se=0.02, init=(0.1, 0.12, 0.08), shuffled=(0.001, 0.001), beyond=0.2, beyond_se=0.02):
+    return {"k": 5, "rows": 1000, "label_shares": [0.2] * 5, "nmi": nmi, "nmi_se": nmi_se, "nmi_folds_mean": nmi,
+            "share": 0.7, "nmi_init_per_seed": list(init), "share_init_per_seed": [0.3] * len(init),
+            "nmi_shuffled_mean": shuffled[0], "nmi_shuffled_sd": shuffled[1], "posterior_share": 0.5,
+            "share_beyond_posterior": beyond, "share_beyond_posterior_se": beyond_se}
+
+
 def geometry(kl=0.01, uniform=1.1, **parts):
     """A whole geometry.json-like dict, each part a default that judges to a known outcome."""
     g = {"authors": {"key_frame": key_frame_part(), "manifold": AUTHORS_MANIFOLD},
@@ -115,7 +122,8 @@ def geometry(kl=0.01, uniform=1.1, **parts):
          "manifold": manifold_part(),
          "ablations": ablation_part({"position_mean": [1.0, 0.1], "resample": [1.0, 0.1], "zero": [2.0, 2.0]},
                                     uniform=uniform, model=kl),
-         "frame_precision": frame_part(), "task": "bijection", "settings": {}, "config": {"d_model": 8},
+         "frame_precision": frame_part(), "clusters": cluster_part(), "task": "bijection", "settings": {},
+         "config": {"d_model": 8},
          "step": 3000, "train_seed": 0}
     g.update(parts)
     return g
@@ -282,6 +290,36 @@ def test_the_manifold_rule_reports_the_folds_noise_and_needs_the_folds():
 
 
 # ----------------------------------------------------------------------------
+# the state clusters (probe 7)
+
+@pytest.mark.parametrize("kw, outcome, text", [
+    (dict(), "supported", "supported: one discrete cluster per hidden state (NMI 0.80"),
+    (dict(nmi=None), "cannot be told", "one MAP state on every row"),
+    (dict(init=()), "cannot be told", "no initialisation"),
+    (dict(nmi=0.3), "not supported", "fails against the threshold"),
+    (dict(init=(0.9, 0.92, 0.88)), "not supported", "fails against the random initialisation"),     # sd 0.02
+    (dict(shuffled=(0.95, 0.01)), "not supported", "fails against the shuffled labels"),
+    (dict(nmi=0.52), "undecided", "undecided: NMI 0.52 near a control"),          # 0.02 within 2 x 0.02
+    (dict(nmi=0.54, nmi_se=0.0), "marginal", "marginal: NMI 0.54"),               # within 10% of 0.5
+    (dict(init=(0.76, 0.78, 0.74)), "undecided", "near a control"),               # 0.04 within 2 x sd 0.02
+    (dict(beyond=-0.05), "partly", "no more discretely than the exact posterior itself"),
+    (dict(beyond=0.13), "undecided", "discreteness near its threshold"),           # 0.03 within 2 x 0.02
+    (dict(beyond=0.105, beyond_se=0.0), "marginal", "discreteness near its threshold"),
+    (dict(beyond=None), "undecided", "discreteness near its threshold"),
+])
+def test_state_cluster_rule_branches(kw, outcome, text):
+    v = vd.state_clusters({"clusters": cluster_part(**kw)})
+    assert v["outcome"] == outcome and v["verdict"].startswith(outcome), v["verdict"]
+    assert text in v["verdict"], v["verdict"]
+
+
+def test_state_clusters_are_not_measured_without_a_hidden_state():
+    v = vd.judge({**geometry(), "clusters": None})["state_clusters"]
+    assert v["outcome"] == "not measured" and "names no hidden state" in v["verdict"]
+    assert vd.judge(geometry(kl=0.5))["state_clusters"]["outcome"] == "not judged"    # the gate holds here too
+
+
+# ----------------------------------------------------------------------------
 # claim 4: an essential head
 
 def test_frame_head_reads_the_rise_under_every_in_distribution_ablation():
@@ -433,7 +471,7 @@ def test_every_claim_gives_its_default_outcome_and_each_one_moves():
     base = vd.judge(geometry())
     assert {c: d["outcome"] for c, d in base.items()} == {
         "key_frame": "supported", "sharpening": "supported", "manifold": "elsewhere", "frame_head": "supported",
-        "frame_precision": "supported"}
+        "frame_precision": "supported", "state_clusters": "supported"}
     g = geometry()
     g2 = copy.deepcopy(g)
     g2["frame_precision"] = frame_part(stillness=2.0)

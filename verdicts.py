@@ -43,6 +43,8 @@ GAIN = 10.0                 # the precision "keeps improving": KL 10x or more lo
 WEAK_GAIN = 2.0             # ... weak from 2x
 STILL = 0.5                 # the frame is still when it moves at most half as far after its plateau as before
 INIT_CARRIES = 0.5          # the initialisation carries the frame overlap when it already has half the final
+CLUSTER_NMI = 0.5           # the final states cluster by hidden state when NMI(k-means, MAP state) >= 0.5
+CLUSTER_BEYOND = 0.1        # ... discretely when their between-cluster share beats the posterior's own by 0.1
 
 RULES = {
     "calibration_gate": f"a run is judged only when its KL is below {CALIBRATED:.0%} of a uniform guess's KL on the "
@@ -84,6 +86,15 @@ RULES = {
                        f"the median of every other 2-D weight block, measured the same way); not supported when "
                        f"any fails. The authors' raw reading is carried by the initialisation when the "
                        f"initial frame already has {INIT_CARRIES:.0%} or more of the final overlap ratio.",
+    "state_clusters": f"on a task whose posterior's classes are hidden states: the final states cluster by hidden "
+                      f"state when the NMI between their k-means clusters (k = the number of states) and the MAP "
+                      f"state is at least {CLUSTER_NMI:g} and above both the same clustering of randomly initialised "
+                      f"models of the family (noise: their sd over seeds) and the labels shuffled (noise: the "
+                      f"shuffles' sd); supported (discrete clusters, one per state) when, besides, the share of the "
+                      f"state's variance between its clusters beats the exact posterior's own share by "
+                      f"{CLUSTER_BEYOND:g} or more (noise: the standard error over folds of the sequences); 'partly' "
+                      f"when they cluster by state but no more discretely than the posterior itself (the task's "
+                      f"clusters, read through); not supported when they do not cluster by state.",
 }
 
 
@@ -391,8 +402,57 @@ def frame_precision(g):
                 decided_by="the change since initialisation, its stillness and the other weight blocks")
 
 
+def state_clusters(g):
+    c = g.get("clusters")
+    if c is None:
+        return dict(headline=None, controls={}, outcome="not measured", margin=None, decided_by="the task",
+                    verdict="not measured: the task names no hidden state to cluster by")
+    init_mean = sum(c["nmi_init_per_seed"]) / len(c["nmi_init_per_seed"]) if c["nmi_init_per_seed"] else None
+    controls = {"NMI with the MAP state": c["nmi"], "its standard error over folds": c["nmi_se"],
+                "random initialisations, per seed": c["nmi_init_per_seed"],
+                "shuffled labels: mean, sd": [c["nmi_shuffled_mean"], c["nmi_shuffled_sd"]],
+                "between-cluster share: the state, the exact posterior": [c["share"], c["posterior_share"]],
+                "the state's share beyond the posterior's (per fold), its SE": [c["share_beyond_posterior"],
+                                                                              c["share_beyond_posterior_se"]],
+                "MAP states' shares of the rows": c["label_shares"]}
+    headline = f"k-means on the final state (k = {c['k']}): NMI {fmt(c['nmi'], '.2f')} with the MAP hidden state"
+    if c["nmi"] is None or init_mean is None:
+        return dict(headline=headline, controls=controls, outcome="cannot be told", margin=None,
+                    decided_by="the labels", verdict="cannot be told: one MAP state on every row, or no "
+                                                     "initialisation to compare with")
+    tests = {"threshold": compare(c["nmi"], CLUSTER_NMI, c["nmi_se"]),
+             "random initialisation": compare(c["nmi"], init_mean, ms.seed_sd(c["nmi_init_per_seed"])),
+             "shuffled labels": compare(c["nmi"], c["nmi_shuffled_mean"], c["nmi_shuffled_sd"])}
+    margin = (f"NMI {c['nmi']:.2f} ± {fmt(c['nmi_se'], '.2f')} ({CLUSTER_NMI:g} asked), random initialisation "
+              f"{init_mean:.2f} (sd {ms.seed_sd(c['nmi_init_per_seed']):.2f}), shuffled {c['nmi_shuffled_mean']:.2f}")
+    if "below" in tests.values():
+        failed = ", ".join(k for k, r in tests.items() if r == "below")
+        return dict(headline=headline, controls=controls, outcome="not supported", margin=margin,
+                    decided_by="the NMI against " + failed,
+                    verdict=f"not supported: the final states do not cluster by hidden state (NMI {c['nmi']:.2f}; "
+                            f"fails against the {failed})")
+    if any(r != "above" for r in tests.values()):
+        outcome = unsettled(tests.values())
+        return dict(headline=headline, controls=controls, outcome=outcome, margin=margin,
+                    decided_by="the NMI's controls", verdict=f"{outcome}: NMI {c['nmi']:.2f} near a control")
+    beyond, se = c["share_beyond_posterior"], c["share_beyond_posterior_se"]
+    discrete = "undecided" if beyond is None else compare(beyond, CLUSTER_BEYOND, se)
+    margin += f"; share beyond the posterior's {fmt(beyond, '.2f')} ± {fmt(se, '.2f')} ({CLUSTER_BEYOND:g} asked)"
+    shares = f"between-cluster share {fmt(c['share'], '.2f')} against the posterior's own {fmt(c['posterior_share'], '.2f')}"
+    if discrete == "above":
+        outcome, verdict = "supported", f"supported: one discrete cluster per hidden state (NMI {c['nmi']:.2f}; {shares})"
+    elif discrete == "below":
+        outcome = "partly"
+        verdict = (f"partly: the final states cluster by hidden state (NMI {c['nmi']:.2f}), but no more discretely "
+                   f"than the exact posterior itself ({shares}): the task's clusters, read through")
+    else:
+        outcome, verdict = discrete, f"{discrete}: clusters by hidden state; discreteness near its threshold ({shares})"
+    return dict(headline=headline, controls=controls, outcome=outcome, margin=margin, verdict=verdict,
+                decided_by="the random initialisation, the shuffled labels and the posterior's own clusters")
+
+
 CLAIMS = {"key_frame": key_frame, "sharpening": sharpening, "manifold": manifold, "frame_head": frame_head,
-          "frame_precision": frame_precision}
+          "frame_precision": frame_precision, "state_clusters": state_clusters}
 
 
 def calibration_gate(g):

@@ -3,7 +3,7 @@ each mutant is one textual change to one file of a scratch copy of the repositor
 the tests named beside it run on that copy; killed = they fail. A mutant whose text no longer matches the
 code is reported as not applied (update its line here when the code changes).
 
-    NUMBA_NUM_THREADS=1 python .ci/mutants_verdicts.py [index ...]      # about 12 minutes for all 57
+    NUMBA_NUM_THREADS=1 python .ci/mutants_verdicts.py [index ...]      # about 13 minutes for all 67
 """
 import os
 import shutil
@@ -74,6 +74,16 @@ MUTANTS = [
  ("gate reads the paper metric", "verdicts.py", 'kl, uniform = g["ablations"]["baseline"]["kl_bits"], g["ablations"]["uniform_kl_bits"]', 'kl, uniform = g["ablations"]["baseline"].get("entropy_mae_bits", 0.0), g["ablations"]["uniform_kl_bits"]', V),
  ("key frame: noise from the trained value, not the seeds", "verdicts.py", 'ms.seed_sd(a.get("random_init_per_seed", []))', '0.0', V),
  ("plateau read at the first snapshot", "formation.py", "plateau = first_step_staying(steps, np.asarray(ratio) >= 0.9 * ratio[-1]) if ratio[-1] > 0 else None", "plateau = steps[0] if ratio[-1] > 0 else None", P),
+ ("clusters: NMI threshold ignored", "verdicts.py", 'tests = {"threshold": compare(c["nmi"], CLUSTER_NMI, c["nmi_se"]),', 'tests = {', V),
+ ("clusters: initialisation control ignored", "verdicts.py", '"random initialisation": compare(c["nmi"], init_mean, ms.seed_sd(c["nmi_init_per_seed"])),', '', V),
+ ("clusters: initialisation noise ignored", "verdicts.py", 'compare(c["nmi"], init_mean, ms.seed_sd(c["nmi_init_per_seed"]))', 'compare(c["nmi"], init_mean)', V),
+ ("clusters: NMI noise ignored", "verdicts.py", 'compare(c["nmi"], CLUSTER_NMI, c["nmi_se"])', 'compare(c["nmi"], CLUSTER_NMI)', V),
+ ("clusters: discreteness not read", "verdicts.py", 'discrete = "undecided" if beyond is None else compare(beyond, CLUSTER_BEYOND, se)', 'discrete = "above"', V),
+ ("clusters: discreteness noise ignored", "verdicts.py", 'compare(beyond, CLUSTER_BEYOND, se)', 'compare(beyond, CLUSTER_BEYOND)', V),
+ ("clusters: the posterior's own share not subtracted", "state_clusters.py", "diffs.append(None if a is None or b is None else a - b)", "diffs.append(a)", P),
+ ("clusters: labels from the posterior's argmin", "state_clusters.py", "labels = P.argmax(1)", "labels = P.argmin(1)", P),
+ ("nmi normalised by the min entropy", "measures.py", "/ math.sqrt(ha * hb))", "/ min(ha, hb))", P),
+ ("cluster share inverted", "measures.py", "return 1.0 - within / total", "return within / total", P),
 ]
 
 
