@@ -20,7 +20,8 @@ GFLOP/s (matmul + attention flops counted analytically) beside a large float32 m
 machine; the step's layer products (its matmul and matmul_tn calls, recorded and run again alone)
 and what half the sgemm rate would leave for the rest of the step; Numba compile time (fresh cache
 against cached); peak resident memory of a training loop.
-The last line is `worst ratio ours/torch: R` (R = nan without PyTorch).
+The last line is `worst ratio ours/torch: R` (R = nan without PyTorch). The other families (LSTM, SSM) against
+PyTorch: bench_families.py.
 """
 
 import os
@@ -136,11 +137,11 @@ def one_thread(step):
     return step_1
 
 
-def ours_step(cfg, params, batch):
-    """-> a closure taking one training step exactly as train.py does (training.train_step)."""
+def ours_step(cfg, params, batch, family="transformer"):
+    """-> a closure taking one training step of the family exactly as train.py does (training.train_step)."""
     state = optim.adamw_init(params)
-    model = lambda p, tok, tgt, m: models.loss_and_grads("transformer", p, tok, tgt, m, cfg)
-    decay = models.decay_set("transformer", params)
+    model = lambda p, tok, tgt, m: models.loss_and_grads(family, p, tok, tgt, m, cfg)
+    decay = models.decay_set(family, params)
 
     def step():
         return training.train_step(model, params, state, batch["tokens"], batch["targets"], batch["mask"], LR,

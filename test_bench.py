@@ -112,3 +112,35 @@ def test_sgemm_alone_prints_one_line_in_gflops():
     lines = out.stdout.strip().splitlines()
     assert len(lines) == 1 and re.fullmatch(r"sgemm 2048x2048 float32, 1 BLAS thread \(best of 3 runs\): [1-9]\d* "
                                             r"GFLOP/s  \(load [\d.]+ [\d.]+ [\d.]+\)", lines[0]), lines
+
+
+def test_the_families_bench_builds_the_same_models_in_pytorch():
+    """bench_families.py: at a tiny shape, PyTorch's LSTM (nn.LSTM with our gate matrix split) and SSM (the
+    scan as a loop and chunked) give our loss at the initial parameters; without PyTorch, our step alone."""
+    import numpy as np
+    import bench_families as bf
+    import models
+    for family in bf.FAMILIES:
+        cfg, params, batch = bf.setup(family, "tiny-hmm")
+        ours = float(models.loss_and_grads(family, params, batch["tokens"], batch["targets"], batch["mask"], cfg)[0])
+        if bench_torch() is None:
+            continue
+        opponents = [bf.torch_lstm(cfg, params, batch)] if family == "lstm" else \
+            [bf.torch_ssm(cfg, params, batch, chunked) for chunked in (False, True)]
+        for _, loss0 in opponents:
+            assert np.isclose(loss0, ours, rtol=1e-5), (family, loss0, ours)
+    cfg, params, batch = bf.setup("ssm", "hmm-paper")          # a preset's shape: the family's count
+    assert abs(models.count_params(params) - 691_301) / 691_301 < 0.05 and len(batch["tokens"]) == 32
+
+
+def bench_torch():
+    import bench
+    return bench.torch_available()
+
+
+@pytest.mark.parametrize("args", [["--repeats", "0"], ["--shapes", "nope"], ["--quick", "--shapes", "hmm-paper"]])
+def test_the_families_bench_refuses_bad_arguments_in_one_line(args):
+    out = subprocess.run([sys.executable, os.path.join(HERE, "bench_families.py"), *args], capture_output=True,
+                         text=True, timeout=600, cwd=HERE)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1 and lines[0].startswith("bench_families.py: error: "), out.stderr
