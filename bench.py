@@ -208,9 +208,16 @@ def torch_step(cfg, params, batch):
         logits = linear(x, "unembed.w", "unembed.b").reshape(B * T, K)
         return (F.cross_entropy(logits, targets, reduction="none") * mask).sum() / mask.sum()
 
-    decay = models.decay_set("transformer", params)
-    groups = [dict(params=[p for n, p in P.items() if n in decay], weight_decay=WEIGHT_DECAY),
-              dict(params=[p for n, p in P.items() if n not in decay], weight_decay=0.0)]
+    return torch_stepper(list(P.items()), models.decay_set("transformer", params), loss_fn)
+
+
+def torch_stepper(named, decay, loss_fn):
+    """named: [(our parameter name, torch tensor)], decay: the names that decay. -> (closure taking one
+    PyTorch step as train.py takes ours: AdamW with decay on those tensors, gradient clipping; the loss at
+    the initial parameters)."""
+    import torch
+    groups = [dict(params=[p for n, p in named if n in decay], weight_decay=WEIGHT_DECAY),
+              dict(params=[p for n, p in named if n not in decay], weight_decay=0.0)]
     opt = torch.optim.AdamW(groups, lr=LR, betas=training.BETAS, eps=1e-8)
     with torch.no_grad():
         loss0 = float(loss_fn())
@@ -219,7 +226,7 @@ def torch_step(cfg, params, batch):
         opt.zero_grad(set_to_none=True)
         loss = loss_fn()
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(list(P.values()), training.GRAD_CLIP)
+        torch.nn.utils.clip_grad_norm_([p for _, p in named], training.GRAD_CLIP)
         opt.step()
         return loss
     return step, loss0

@@ -35,7 +35,6 @@ import kernels  # noqa: E402
 import layers  # noqa: E402
 import models  # noqa: E402
 import tasks  # noqa: E402
-import training  # noqa: E402
 
 FAMILIES = ("lstm", "ssm")
 SHAPES = {"bij-default": ("bijection", "default"), "bij-paper": ("bijection", "paper"),
@@ -73,21 +72,7 @@ def _torch_common(family, params, batch):
         return (F.cross_entropy(logits, targets, reduction="none") * mask).sum() / mask.sum()
 
     def stepper(loss_fn, extra_params=()):
-        named = list(P.items()) + list(extra_params)
-        groups = [dict(params=[p for n, p in named if n in decay], weight_decay=bench.WEIGHT_DECAY),
-                  dict(params=[p for n, p in named if n not in decay], weight_decay=0.0)]
-        opt = torch.optim.AdamW(groups, lr=bench.LR, betas=training.BETAS, eps=1e-8)
-        with torch.no_grad():
-            loss0 = float(loss_fn())
-
-        def step():
-            opt.zero_grad(set_to_none=True)
-            loss = loss_fn()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_([p for _, p in named], training.GRAD_CLIP)
-            opt.step()
-            return loss
-        return step, loss0
+        return bench.torch_stepper(list(P.items()) + list(extra_params), decay, loss_fn)
     return torch, F, P, tokens, head_loss, stepper
 
 
