@@ -314,7 +314,8 @@ def test_state_cluster_rule_branches(kw, outcome, text):
 
 
 def test_state_clusters_are_not_measured_without_a_hidden_state():
-    v = vd.judge({**geometry(), "clusters": None})["state_clusters"]
+    assert "state_clusters" not in vd.judge({**geometry(), "clusters": None})       # not judged by default ...
+    v = vd.judge({**geometry(), "clusters": None}, claims=("state_clusters",))["state_clusters"]   # ... nor measured
     assert v["outcome"] == "not measured" and "names no hidden state" in v["verdict"]
     assert vd.judge(geometry(kl=0.5))["state_clusters"]["outcome"] == "not judged"    # the gate holds here too
 
@@ -521,5 +522,7 @@ def test_judge_judges_the_claims_it_is_asked_for(monkeypatch):
     monkeypatch.setattr(vd, "CLAIMS", fake)
     out = vd.judge({"calibration": {"kl_bits": 0.2, "uniform_kl_bits": 1.0}}, claims=("manifold",))
     assert list(out) == ["manifold"] and called == ["manifold"] and out["manifold"]["outcome"] == "not judged"
-    out = vd.judge({"calibration": {"kl_bits": 0.01, "uniform_kl_bits": 1.0}})
-    assert list(out) == list(fake) and all(v["outcome"] == "supported" for v in out.values())
+    out = vd.judge({"calibration": {"kl_bits": 0.01, "uniform_kl_bits": 1.0}})     # no clusters measured
+    assert list(out) == [c for c in fake if c != "state_clusters"] and all(v["outcome"] == "supported" for v in out.values())
+    out = vd.judge({"calibration": {"kl_bits": 0.01, "uniform_kl_bits": 1.0}, "clusters": {}})
+    assert list(out) == list(fake)

@@ -465,10 +465,12 @@ def calibration_gate(g):
 
 def judge(g, claims=None):
     """-> {claim: dict(headline, controls, verdict, outcome, margin, decided_by, rule)} for one geometry.json;
-    claims: those its probes measured (default: all; a family without attention: the manifold only)."""
+    claims: those its probes measured (default: all, the state clusters only where they were measured; a
+    family without attention: the manifold and the state clusters)."""
     judged, kl, uniform = calibration_gate(g)
     out = {}
-    for claim, f in ((c, CLAIMS[c]) for c in (claims or CLAIMS)):
+    claims = claims or [c for c in CLAIMS if c != "state_clusters" or g.get("clusters") is not None]
+    for claim, f in ((c, CLAIMS[c]) for c in claims):
         v = f(g)
         if not judged:
             v = {**v, "outcome": "not judged", "decided_by": "the calibration gate",
@@ -499,7 +501,7 @@ def combine(gs):
     same_command(gs)
     each = [judge(g) for g in gs]
     out = {}
-    for claim in CLAIMS:
+    for claim in each[0]:                                  # the same task: the same claims measured
         outcomes = [v[claim]["outcome"] for v in each]
         per_seed = {f"seed {g['train_seed']}": {"outcome": v[claim]["outcome"], "verdict": v[claim]["verdict"],
                                                  "margin": v[claim]["margin"]} for g, v in zip(gs, each)}
