@@ -75,14 +75,17 @@ def save_checked(path, params, cfg, meta, opt_state=None):
 
 
 def versions():
-    """The versions of Python, NumPy, SciPy and Numba this process runs: every metrics.json and geometry.json
-    records them (a result is reproduced bit for bit only with the same ones; requirements-lock.txt pins them)."""
+    """The versions of Python, NumPy, SciPy and Numba this process runs, and the CPU Numba compiles for (LLVM's
+    name of the host): every metrics.json and geometry.json records them (a result is reproduced bit for bit
+    only with the same versions, which requirements-lock.txt pins, on the same kind of CPU: the compiled
+    kernels use the host's vector instructions, and sums in another order round differently)."""
     import platform
 
+    import llvmlite.binding
     import numba
     import scipy
     return {"python": platform.python_version(), "numpy": np.__version__, "scipy": scipy.__version__,
-            "numba": numba.__version__}
+            "numba": numba.__version__, "cpu": llvmlite.binding.get_host_cpu_name()}
 
 
 MAX_LOAD_BYTES = 2 ** 31    # a checkpoint declaring more than 2 GiB of arrays is refused before reading

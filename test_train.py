@@ -232,8 +232,10 @@ def test_same_seed_same_metrics_and_the_versions_recorded(tmp_path):
         m.pop("seconds")
         metrics.append(m)
     assert metrics[0] == metrics[1]
+    import llvmlite.binding
     assert metrics[0]["versions"] == {"python": platform.python_version(), "numpy": np.__version__,
-                                      "scipy": scipy.__version__, "numba": numba.__version__}
+                                      "scipy": scipy.__version__, "numba": numba.__version__,
+                                      "cpu": llvmlite.binding.get_host_cpu_name()}
 
 
 def test_quick_preset_lowers_its_loss(tmp_path):
@@ -478,7 +480,7 @@ def test_a_resumed_baseline_reports_its_own_training_time(tmp_path):
     assert (main["model"], main["steps"], base["model"], base["steps"]) == ("transformer", 4, "prefix-mlp", 5)
     assert (out / "metrics.json").read_bytes() == written and main["seconds"] < 1000.0
     assert 7.0 <= base["seconds"] < 67.0, base["seconds"]      # its own 7 s and one more step, not the 1000
-    assert base["versions"] == main["versions"] and set(base["versions"]) == {"python", "numpy", "scipy", "numba"}
+    assert base["versions"] == main["versions"] and set(base["versions"]) == {"python", "numpy", "scipy", "numba", "cpu"}
     assert "n_heads" not in base["config"] and main["config"]["n_heads"] == 4
 
 
