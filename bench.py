@@ -405,14 +405,19 @@ def parse_args(argv=None):
         args.repeats = 5 if args.quick else 40
     if args.repeats < 1:
         fail(f"--repeats {args.repeats}: must be a positive integer")
-    if args.shapes is None:
-        args.shapes = QUICK if args.quick else FULL
-    else:
-        args.shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
-        unknown = [s for s in args.shapes if s not in SHAPES]
-        if unknown or not args.shapes:
-            fail(f"--shapes {','.join(unknown) or '(empty)'}: allowed are {', '.join(SHAPES)}")
+    args.shapes = shape_list(args.shapes, SHAPES, QUICK if args.quick else FULL, fail)
     return args
+
+
+def shape_list(text, allowed, default, fail):
+    """--shapes: the comma-separated names in text (default when None), each one of allowed; else fail(one line)."""
+    if text is None:
+        return list(default)
+    shapes = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = [s for s in shapes if s not in allowed]
+    if unknown or not shapes:
+        fail(f"--shapes {','.join(unknown) or '(empty)'}: allowed are {', '.join(allowed)}")
+    return shapes
 
 
 TRICKS = """

@@ -197,10 +197,7 @@ def main(argv=None):
     if repeats < 1:
         fail(f"--repeats {repeats}: must be a positive integer")
     allowed = QUICK_SHAPES if args.quick else SHAPES
-    shapes = list(allowed) if args.shapes is None else [s.strip() for s in args.shapes.split(",") if s.strip()]
-    unknown = [s for s in shapes if s not in allowed]
-    if unknown or not shapes:
-        fail(f"--shapes {','.join(unknown) or '(empty)'}: allowed are {', '.join(allowed)}")
+    shapes = bench.shape_list(args.shapes, allowed, allowed, fail)
     torch_version = bench.torch_available()
     print(f"bench_families.py  {bench.load()}  numba {numba.__version__} ({numba.config.NUMBA_NUM_THREADS} threads)  "
           f"torch {torch_version or 'absent'} ({bench.THREADS} threads)  repeats {repeats}")

@@ -49,7 +49,7 @@ def cluster_probe(X, posterior, seq, init_states, seed=0):
     labels = P.argmax(1)                                                        # (N,) MAP class
     km = ms.kmeans(X, k, seed)
     rng = np.random.default_rng(seed)
-    shuffled = [ms.nmi(km, rng.permutation(labels)) for _ in range(SHUFFLES)]
+    shuffled = [ms.nmi(km, rng.permutation(labels)) or 0.0 for _ in range(SHUFFLES)]   # None: constant labels
     init = [ms.kmeans(X0, k, seed) for X0 in init_states]
     nmis, diffs = fold_values(X, P, labels, seq, k, seed)
     (nmi_folds, nmi_se), (diff, diff_se) = mean_and_se(nmis), mean_and_se(diffs)
@@ -58,7 +58,6 @@ def cluster_probe(X, posterior, seq, init_states, seed=0):
             "share": ms.cluster_share(X, km),
             "nmi_init_per_seed": [ms.nmi(c, labels) for c in init],
             "share_init_per_seed": [ms.cluster_share(X0, c) for X0, c in zip(init_states, init)],
-            "nmi_shuffled_mean": float(np.mean([s or 0.0 for s in shuffled])), "nmi_shuffled_sd": ms.seed_sd(
-                [s or 0.0 for s in shuffled]),
+            "nmi_shuffled_mean": float(np.mean(shuffled)), "nmi_shuffled_sd": ms.seed_sd(shuffled),
             "posterior_share": ms.cluster_share(P, ms.kmeans(P, k, seed)),
             "share_beyond_posterior": diff, "share_beyond_posterior_se": diff_se}
