@@ -40,7 +40,9 @@ and from h_t = a_t h_{t-1} + dt_t B_t x_t:
 Initialisation (Mamba's defaults): A_log = log n (n = 1..N) for every channel; Dskip = 1; the step's bias
 the softplus inverse of a step drawn log-uniform in [DT_MIN, DT_MAX] (so the first steps lie there);
 W_dt U(-1/sqrt(R), 1/sqrt(R)); the convolution U(-1/sqrt(W), 1/sqrt(W)) with its bias likewise (PyTorch's
-Conv1d); the other matrices N(0, 1/fan_in); embeddings N(0, 1).
+Conv1d); the other matrices and the embedding by Config.init: "fan-in" (the default) N(0, 1/fan_in)
+matrices, an N(0, 1) embedding; "gpt2" N(0, 0.02) for both (the reference Mamba language model's
+embedding; the scan's own parameters are drawn as above either way).
 Weight decay (decayed): the matrices (embedding, W_in, the convolution, W_x, W_dt, W_out, the head) decay;
 biases, LayerNorm gains, A_log, Dskip and the step's bias do not.
 Left out: the fused kernel and its recomputation of the states, dropout, a tied head, the authors' clamps.
@@ -55,6 +57,7 @@ from layers import twin
 import numpy as np  # noqa: E402  (after layers: it pins OpenBLAS to one thread before NumPy loads)
 
 DT_MIN, DT_MAX, DT_FLOOR = 1e-3, 1e-1, 1e-4   # the initial steps: log-uniform in [DT_MIN, DT_MAX], at least DT_FLOOR
+INITS = ("fan-in", "gpt2")  # Config.init: how the embedding and the dense matrices are drawn (the docstring)
 TWINS = "mamba_twins"       # the module of this family's Numba twins (models.py loads it with the family)
 
 
@@ -87,6 +90,7 @@ class Config:
     d_conv: int = 4            # W
     dt_rank: int = 0           # R; 0 means ceil(C / 16)
     shared_a: bool = False     # the authors' variant: one A_log (N,) for every channel, not one per channel
+    init: str = "fan-in"       # see INITS
 
     def __post_init__(self):
         if self.dt_rank == 0 and isinstance(self.d_model, (int, np.integer)):
@@ -96,6 +100,8 @@ class Config:
             value = getattr(self, name)
             if not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"{name}={value!r}: must be a positive integer")
+        if self.init not in INITS:
+            raise ValueError(f"init={self.init!r}: allowed are {', '.join(map(repr, INITS))}")
         if not isinstance(self.shared_a, (bool, np.bool_)):
             raise ValueError(f"shared_a={self.shared_a!r}: allowed are True, False")
         if self.dtype not in ("float32", "float64"):
@@ -127,7 +133,7 @@ def init_params(cfg, seed=0):
     for name, shape in param_shapes(cfg).items():
         kind = name.rsplit(".", 1)[-1] if not name.startswith("blocks.") else name.split(".", 2)[2]
         if name == "wte":
-            p[name] = rng.normal(0, 1.0, shape)
+            p[name] = rng.normal(0, 1.0 if cfg.init == "fan-in" else 0.02, shape)
         elif kind in ("conv.w", "conv.b"):
             p[name] = rng.uniform(-1 / math.sqrt(cfg.d_conv), 1 / math.sqrt(cfg.d_conv), shape)
         elif kind == "dt_proj.w":
@@ -141,7 +147,7 @@ def init_params(cfg, seed=0):
         elif kind in ("D", "ln.g") or name == "lnf.g":
             p[name] = np.ones(shape)
         elif len(shape) == 2:                                       # in_proj, x_proj, out_proj, unembed
-            p[name] = rng.normal(0, 1 / math.sqrt(shape[0]), shape)
+            p[name] = rng.normal(0, 1 / math.sqrt(shape[0]) if cfg.init == "fan-in" else 0.02, shape)
         else:                                                       # the LayerNorm and head biases
             p[name] = np.zeros(shape)
     return {k: v.astype(cfg.dtype) for k, v in p.items()}

@@ -306,6 +306,17 @@ def test_initialisation_as_stated():
     dt = mamba.softplus_forward(p["blocks.0.dt_proj.b"].astype(np.float64))[0]   # the first steps (r = 0)
     assert dt.min() >= 0.999 * mamba.DT_MIN and dt.max() <= 1.001 * mamba.DT_MAX
     assert dt.max() / dt.min() > 20                      # spread over the range, log-uniform
+    # the two draws of the dense matrices and the embedding: fan-in N(0, 1/fan_in) and N(0, 1); gpt2 N(0, 0.02)
+    # for both; the scan's own parameters the same either way
+    big = mamba.Config(vocab_size=50, n_classes=3, d_model=400, n_layers=1)
+    fan, gpt = mamba.init_params(big, 0), mamba.init_params(mamba.Config(50, 3, d_model=400, n_layers=1,
+                                                                          init="gpt2"), 0)
+    assert abs(fan["blocks.0.in_proj.w"].std() - 1 / 20) < 0.001 and abs(fan["wte"].std() - 1) < 0.01
+    assert abs(gpt["blocks.0.in_proj.w"].std() - 0.02) < 0.0005 and abs(gpt["wte"].std() - 0.02) < 0.0005
+    for name in ("blocks.0.A_log", "blocks.0.D", "blocks.0.dt_proj.b", "blocks.0.conv.w"):
+        np.testing.assert_array_equal(fan[name], gpt[name])
+    with pytest.raises(ValueError, match="init='xavier': allowed are 'fan-in', 'gpt2'"):
+        mamba.Config(5, 3, init="xavier")
 
 
 def test_weight_decay_per_tensor():

@@ -98,7 +98,8 @@ FLAGS = [
     dict(flag="--pos", field="pos", type=str, where=TOKEN, help="positions (the families that have them): the "
          "transformer learned (default) | sinusoidal; the LSTM none (default) | learned"),
     dict(flag="--init", field="init", type=str, where=TOKEN, preset=True,
-         help="initialisation: gpt2 (N(0, 0.02)) | fan-in (N(0, 1/fan_in) matrices, N(0, 1) embeddings)"),
+         help="initialisation: one of the family's INITS (its module says each draw), for example fan-in "
+         "(N(0, 1/fan_in) matrices)"),
     dict(flag="--dtype", field="dtype", type=str, where=TOKEN, help="float32 (the default) | float64"),
     dict(flag="--lr", type=float, check=lambda v, a: None if math.isfinite(v) and v > 0 else "must be a finite number > 0",
          preset=True, run=True, help="peak learning rate (warm-up, then cosine to lr * lr-floor)"),
