@@ -14,6 +14,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 def pytest_configure(config):
     config.addinivalue_line("markers", "ci_only: a slower test that .ci/run runs (BAYESATTN_CI_ONLY=1 python -m "
                                        "pytest -q -m ci_only); the README's test command skips it")
+    config.addinivalue_line("markers", "plain_python: a kernel or gradient check that .ci/run runs again with "
+                                       "NUMBA_DISABLE_JIT=1 (a module marks itself: pytestmark)")
 
 
 def pytest_collection_modifyitems(config, items):

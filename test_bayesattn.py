@@ -23,6 +23,8 @@ import layers
 import models
 import optim
 
+pytestmark = pytest.mark.plain_python   # .ci/run checks this module again without the JIT
+
 H = 1e-5
 GRAD_TOL = 1e-6                               # worst relative error allowed per tensor
 KERNEL_TOL = {np.float32: 2e-5, np.float64: 1e-12}   # Numba kernel vs NumPy reference, relative

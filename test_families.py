@@ -31,6 +31,8 @@ import training
 import windtunnels as wt
 from checkpoints import load_checkpoint, save_checked
 
+pytestmark = pytest.mark.plain_python   # .ci/run checks this module again without the JIT
+
 FAMILIES = sorted(models.FAMILIES)
 MARGIN = 0.05               # the trained held-out KL must be at most (1 - MARGIN) x the KL at initialisation
 TRAIN_STEPS = 40            # steps of the short training run (tiny shapes: seconds)

@@ -24,6 +24,8 @@ import mamba
 import mamba_twins
 import models
 
+pytestmark = pytest.mark.plain_python   # .ci/run checks this module again without the JIT
+
 T_LONG = 13                 # an unrolled sequence long enough that a carry sent to the wrong step shows
 TOL64 = 1e-7                # finite differences in float64 (centred, h = 1e-5): relative error per input
 TWIN_TOL = {np.float64: 1e-12, np.float32: 2e-5}   # a twin against its NumPy op, relative to the largest entry
