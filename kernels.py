@@ -31,6 +31,9 @@ import layers
 from layers import GELU_C, LN_EPS
 
 FASTMATH = {"reassoc", "contract"}
+NUMPY_ERRORS = "numpy"   # error_model of a kernel that divides inside its loop: x / 0 gives inf or NaN, as in NumPy,
+                         # instead of Numba's check that raises, a branch that stops the loop vectorising (the
+                         # LSTM's sigmoid ran 26x slower with it)
 TWINS = ("embedding_backward", "linear_forward", "linear_backward", "layernorm_forward", "layernorm_backward",
          "gelu_forward", "gelu_backward", "softmax", "cross_entropy", "attention_forward", "attention_backward")
 
@@ -113,6 +116,39 @@ def _fast_exp_compiled(x):
     if x == types.float32 and EXP32:
         return lambda x: exp32(x)
     return lambda x: math.exp(x)
+
+
+TANH_SERIES = 0.3   # tanh32 below this |x|: the series (its first left-out term, 1382 x^11 / 155925, is under
+                    # 6e-8 of x there); above it (1 - e) / (1 + e) with e = e^(-2|x|) no longer cancels badly
+
+
+@njit(cache=True, fastmath=FASTMATH, error_model=NUMPY_ERRORS, inline="always")
+def tanh32(x):
+    """tanh x for a float32 x, from exp32 (Numba compiles np.tanh to one C-library call per element, which never
+    vectorises): within about 2 float32 steps. |x| < TANH_SERIES: x - x^3/3 + 2x^5/15 - 17x^7/315 + 62x^9/2835;
+    above: sign(x) (1 - e) / (1 + e), e = e^(-2|x|) (1 for |x| > 43.7, where e underflows). Both are computed
+    and one selected, so a loop of them vectorises."""
+    f = np.float32
+    ax = abs(x)
+    e = exp32(f(-2) * ax)
+    t = (f(1) - e) / (f(1) + e)
+    t = t if x >= f(0) else -t
+    x2 = x * x
+    s = x * (f(1) + x2 * (f(-1 / 3) + x2 * (f(2 / 15) + x2 * (f(-17 / 315) + x2 * f(62 / 2835)))))
+    return s if ax < f(TANH_SERIES) else t
+
+
+def fast_tanh(x):
+    """tanh x inside the kernels: tanh32 for a float32 x, math.tanh for anything else (float64 checks).
+    Run as plain Python (NUMBA_DISABLE_JIT=1) it is math.tanh."""
+    return math.tanh(x)
+
+
+@overload(fast_tanh)
+def _fast_tanh_compiled(x):
+    if x == types.float32 and EXP32:
+        return lambda x: tanh32(x)
+    return lambda x: math.tanh(x)
 
 
 # ----------------------------------------------------------------------------

@@ -286,6 +286,32 @@ def test_kernels_use_exp32_for_float32():
         assert f(np.float64(v)) == math.exp(v), v
 
 
+@pytest.mark.parametrize("compiled", [True, False], ids=["numba", "python"])
+def test_tanh32_matches_tanh(compiled):
+    """tanh32 (the kernels' float32 tanh, the LSTM's) against float64 tanh: within 2 float32 steps of the true
+    value (2.5 allowed) on both of its branches (the series below |x| = 0.3, the exponential above), odd, +-1 far out, NaN
+    for NaN; fast_tanh dispatches float32 to it and float64 to math.tanh."""
+    if compiled and numba.config.DISABLE_JIT:
+        pytest.skip("NUMBA_DISABLE_JIT=1: the compiled tanh32 is the plain function, tested as 'python'")
+    tanh32 = kernels.tanh32 if compiled else getattr(kernels.tanh32, "py_func", kernels.tanh32)
+    xs = np.concatenate([np.linspace(-20, 20, 100_001 if compiled else 2_001),
+                         np.linspace(-0.35, 0.35, 20_001 if compiled else 501)]).astype(np.float32)
+    xs = np.concatenate([xs, np.float32([0.29999998, 0.3, 0.30000001, 1e-30, -1e-30])])
+    got = np.array([tanh32(x) for x in xs], dtype=np.float64)
+    want = np.tanh(xs.astype(np.float64))
+    steps = np.abs(got - want) / np.spacing(np.abs(want).astype(np.float32)).astype(np.float64)
+    assert steps.max() <= 2.5, f"tanh32 off by {steps.max():.2f} float32 steps at x = {xs[steps.argmax()]}"
+    assert float(tanh32(np.float32(0.1))) == pytest.approx(0.0996679946, rel=1e-7)     # the series
+    assert float(tanh32(np.float32(-0.5))) == pytest.approx(-0.4621171573, rel=2e-7)   # the exponential
+    with np.errstate(all="ignore"):
+        edge = [tanh32(x) for x in np.float32([50, -50, 1e30, np.inf, -np.inf, np.nan])]
+    assert edge[:5] == [1, -1, 1, 1, -1] and np.isnan(edge[5]), edge
+    if compiled:
+        f = numba.njit(lambda x: kernels.fast_tanh(x))
+        for v in (-3.7, 0.1, 0.29, 2.5):
+            assert f(np.float32(v)) == tanh32(np.float32(v)) and f(np.float64(v)) == math.tanh(v), v
+
+
 @contextmanager
 def two_numba_threads():
     """Numba (and the row-block split of the products) on two threads inside; skips the test where
