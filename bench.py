@@ -409,14 +409,15 @@ def parse_args(argv=None):
     return args
 
 
-def shape_list(text, allowed, default, fail):
-    """--shapes: the comma-separated names in text (default when None), each one of allowed; else fail(one line)."""
+def shape_list(text, allowed, default, fail, flag="--shapes"):
+    """--shapes (or another flag's list): the comma-separated names in text (default when None), each one of
+    allowed; else fail(one line)."""
     if text is None:
         return list(default)
     shapes = [s.strip() for s in text.split(",") if s.strip()]
     unknown = [s for s in shapes if s not in allowed]
     if unknown or not shapes:
-        fail(f"--shapes {','.join(unknown) or '(empty)'}: allowed are {', '.join(allowed)}")
+        fail(f"{flag} {','.join(unknown) or '(empty)'}: allowed are {', '.join(allowed)}")
     return shapes
 
 

@@ -3,6 +3,7 @@ shape, against the same model in PyTorch on this CPU (PyTorch optional: without 
 
     python bench_families.py                     # every family and shape below
     python bench_families.py --shapes hmm-paper --repeats 20
+    python bench_families.py --families lstm     # one family
     python bench_families.py --quick             # tiny shapes, few repeats: a smoke test
 
 The shapes are the task presets' batches with each family's preset width (its PRESETS: the transformer's
@@ -150,10 +151,10 @@ def torch_ssm(cfg, params, batch, chunked):
     return stepper(loss_fn)
 
 
-def run(shapes, repeats, warmup, torch_version):
+def run(shapes, repeats, warmup, torch_version, families=FAMILIES):
     """Print one block per family and shape; -> {(family, shape): ours / torch}."""
     ratios = {}
-    for family in FAMILIES:
+    for family in families:
         for shape in shapes:
             cfg, params, batch = setup(family, shape)
             B, T = batch["tokens"].shape
@@ -192,17 +193,19 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true", help=f"tiny shapes ({', '.join(QUICK_SHAPES)}), few repeats")
     p.add_argument("--repeats", type=int, help="timed steps per shape (default 20; --quick: 3)")
     p.add_argument("--shapes", help=f"comma-separated subset of {', '.join(SHAPES)}")
+    p.add_argument("--families", help=f"comma-separated subset of {', '.join(FAMILIES)} (default: both)")
     args = p.parse_args(argv)
     repeats = args.repeats if args.repeats is not None else 3 if args.quick else 20
     if repeats < 1:
         fail(f"--repeats {repeats}: must be a positive integer")
     allowed = QUICK_SHAPES if args.quick else SHAPES
     shapes = bench.shape_list(args.shapes, allowed, allowed, fail)
+    families = bench.shape_list(args.families, FAMILIES, FAMILIES, fail, "--families")
     torch_version = bench.torch_available()
     print(f"bench_families.py  {bench.load()}  numba {numba.__version__} ({numba.config.NUMBA_NUM_THREADS} threads)  "
           f"torch {torch_version or 'absent'} ({bench.THREADS} threads)  repeats {repeats}")
     with kernels.enabled():                                # the fast path, as train.py runs
-        ratios = run(shapes, repeats, 1 if args.quick else 3, torch_version)
+        ratios = run(shapes, repeats, 1 if args.quick else 3, torch_version, families)
     worst = max(ratios.values()) if ratios else float("nan")
     print(f"worst ratio ours/torch: {worst:.2f}")
     return ratios

@@ -138,6 +138,14 @@ def tanh32(x):
     return s if ax < f(TANH_SERIES) else t
 
 
+@njit(cache=True, fastmath=FASTMATH, error_model=NUMPY_ERRORS, inline="always")
+def sigmoid1(a, one):
+    """sigmoid of one number a (one: 1 in a's precision), with exp of -|a| so nothing overflows."""
+    e = fast_exp(-abs(a))
+    r = one / (one + e)
+    return r if a >= 0 else e * r              # one division: a conditional between two compiled much slower
+
+
 def fast_tanh(x):
     """tanh x inside the kernels: tanh32 for a float32 x, math.tanh for anything else (float64 checks).
     Run as plain Python (NUMBA_DISABLE_JIT=1) it is math.tanh."""

@@ -15,17 +15,9 @@ import numpy as np
 from numba import njit
 
 import kernels
-from kernels import FASTMATH, NUMPY_ERRORS, fast_exp, fast_tanh, matmul, matmul_tn
+from kernels import FASTMATH, NUMPY_ERRORS, fast_tanh, matmul, matmul_tn, sigmoid1
 
 TWINS = ("lstm_forward", "lstm_backward")
-
-
-@njit(cache=True, fastmath=FASTMATH, error_model=NUMPY_ERRORS, inline="always")
-def sigmoid1(a, one):
-    """sigmoid of one number a (one: 1 in a's precision), with exp of -|a| so nothing overflows."""
-    e = fast_exp(-abs(a))
-    r = one / (one + e)
-    return r if a >= 0 else e * r              # one division: a conditional between two compiled much slower
 
 
 @njit(cache=True, fastmath=FASTMATH, error_model=NUMPY_ERRORS)

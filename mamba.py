@@ -183,12 +183,14 @@ def step_flops(cfg, B, T):
 # ----------------------------------------------------------------------------
 # elementwise ops:  silu(x) = x sigmoid(x),  softplus(x) = log(1 + exp(x))
 
+@twin
 def silu_forward(x):
     """x (...) -> y = x sigmoid(x) (...), cache (x, sigmoid(x))."""
     s, _ = ly.sigmoid_forward(x)
     return x * s, (x, s)
 
 
+@twin
 def silu_backward(dy, cache):
     """With s = sigmoid(x): dy/dx = s + x s (1 - s)."""
     x, s = cache
@@ -200,6 +202,7 @@ def softplus_forward(x):
     return np.logaddexp(0.0, x).astype(x.dtype), x
 
 
+@twin
 def softplus_backward(dy, cache):
     """cache = x. dy/dx = exp(x) / (1 + exp(x)) = sigmoid(x)."""
     return dy * ly.sigmoid_forward(cache)[0]

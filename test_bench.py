@@ -138,7 +138,8 @@ def bench_torch():
     return bench.torch_available()
 
 
-@pytest.mark.parametrize("args", [["--repeats", "0"], ["--shapes", "nope"], ["--quick", "--shapes", "hmm-paper"]])
+@pytest.mark.parametrize("args", [["--repeats", "0"], ["--shapes", "nope"], ["--quick", "--shapes", "hmm-paper"],
+                                  ["--families", "gru"], ["--families", ","]])
 def test_the_families_bench_refuses_bad_arguments_in_one_line(args):
     out = subprocess.run([sys.executable, os.path.join(HERE, "bench_families.py"), *args], capture_output=True,
                          text=True, timeout=600, cwd=HERE)

@@ -292,6 +292,24 @@ def test_scan_twins_match_the_numpy_ops(dtype):
             assert a.dtype == dtype and rel_error(a, e) < TWIN_TOL[dtype], (name, rel_error(a, e))
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+def test_elementwise_twins_match_the_numpy_ops(dtype):
+    """SiLU and the softplus's backward: the twins against the NumPy ops, on (2, 3, 7) arrays that reach far
+    into both tails (|x| up to 60, where exp(-x) overflows float32 without the |x| form)."""
+    rng = np.random.default_rng(9)
+    x = (rng.standard_normal((2, 3, 7)) * 20).astype(dtype)
+    x[0, 0, :3] = (-60, 60, 0)
+    dy = rng.standard_normal(x.shape).astype(dtype)
+    (y, (cx, s)), (y_ref, (_, s_ref)) = mamba_twins.silu_forward(x), mamba.silu_forward.numpy(x)
+    assert y.dtype == dtype and y.shape == x.shape and cx is x and rel_error(y, y_ref) < TWIN_TOL[dtype]
+    assert rel_error(s, s_ref) < TWIN_TOL[dtype] and s[0, 0, 2] == 0.5 and s[0, 0, 0] < 1e-20
+    for got in (mamba_twins.silu_backward(dy, (x, s)), mamba_twins.silu_backward(dy, (x, s_ref))):
+        assert got.dtype == dtype and rel_error(got, mamba.silu_backward.numpy(dy, (x, s_ref))) < TWIN_TOL[dtype]
+    got = mamba_twins.softplus_backward(dy, x)
+    assert got.dtype == dtype and rel_error(got, mamba.softplus_backward.numpy(dy, x)) < TWIN_TOL[dtype]
+    assert got[0, 0, 2] == pytest.approx(dy[0, 0, 2] / 2, rel=1e-6)          # sigmoid(0) = 1/2
+
+
 # ----------------------------------------------------------------------------
 # initialisation, decay, the cost estimates
 
