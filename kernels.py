@@ -48,6 +48,8 @@ def add_twins(module_name, twins):
             where = "kernels" if name in TWINS else FAMILY_TWINS[name].__module__
             raise ValueError(f"twin {name!r} of {module_name} is taken already by {where}: rename one")
     FAMILY_TWINS.update(twins)
+    if layers.FAST:             # loaded while the fast path is on (inside enabled()): its twins join at once; else a
+        layers.FAST.update(twins)   # family first loaded inside the block would run its NumPy ops without a word
 
 
 def twins():
@@ -63,7 +65,8 @@ def twins():
 
 
 def enabled():
-    """A context: within it every op with a twin runs the twin (the fast path); after it, what ran before."""
+    """A context: within it every op with a twin runs the twin (the fast path); after it, what ran before.
+    A family whose module is first loaded inside the block joins it (add_twins)."""
     return layers.use_twins(twins())
 
 

@@ -392,6 +392,27 @@ def test_an_op_without_its_twin_loaded_fails_loudly(monkeypatch):
     assert ly.FAST == {}
 
 
+def test_a_family_loaded_inside_the_fast_path_runs_its_twins():
+    """A family's twins module imported inside `with kernels.enabled():` (a family first named there, as
+    bench_families.py did) joins the fast path at once, and leaves with it; outside the block, loading does not
+    turn anything on."""
+    def fake_twin(x):
+        return x
+    try:
+        with kernels.enabled():
+            assert ly.FAST                                          # on
+            kernels.add_twins("_late_family_twins", {"_late_op": fake_twin})
+            assert ly.FAST["_late_op"] is fake_twin
+        assert "_late_op" not in ly.FAST
+        with ly.use_twins({}):                                      # the NumPy path: nothing joins
+            kernels.add_twins("_late_family_twins", {"_late_op": fake_twin})
+            assert not ly.FAST
+        with kernels.enabled():                                     # registered: on with the rest
+            assert ly.FAST["_late_op"] is fake_twin
+    finally:
+        kernels.FAMILY_TWINS.pop("_late_op", None)
+
+
 def test_models_loads_a_familys_twins():
     for name, twins in (("lstm", lstm_twins), ("ssm", mamba_twins)):
         assert models.module(name).TWINS == twins.__name__
