@@ -21,9 +21,10 @@ and, where it has them (a documented default applies where it does not):
     FLAGS = {flag: dict(field, type, help[, check])}   command-line flags of the family's own Config
                                                fields (check(value, args) -> what is wrong or None;
                                                default: an int must be positive; else the Config's)
-    PRESETS = {task: {preset: settings}}       the family's sizes in the tasks' presets (over the task's
-                                               optimisation); a task or preset it does not name: its
-                                               Config's defaults
+    PRESETS = {task: {preset: settings}}       the family's sizes in the tasks' presets, and any of the
+                                               task's optimisation it sets otherwise (its own tuned lr,
+                                               init), over the task's; a task or preset it does not
+                                               name: its Config's defaults and the task's optimisation
     PROBES = True                              geometry.py's probes apply (they read attention)
     TWINS = "module name"                      the module of the family's Numba twins, loaded with the family
                                                (it hands them to kernels.add_twins; kernels.py says how)

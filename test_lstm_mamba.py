@@ -474,3 +474,15 @@ def test_the_shared_a_variant_against_finite_differences():
     full_loss, full_grads = models.loss_and_grads("ssm", full, tokens, targets, np.ones((2, 13)), full_cfg)
     assert full_loss == pytest.approx(loss(params)[0], rel=1e-12)
     assert np.allclose(full_grads["blocks.0.A_log"].sum(0), grads["blocks.0.A_log"], rtol=1e-10, atol=1e-14)
+
+
+def test_the_sweeps_choices_are_the_families_presets():
+    """The learning rate and initialisation each family's sweep chose (RESULTS.md) reach its runs through the
+    presets, over the task's own; a typed flag still wins."""
+    import train
+    a = train.parse_args(["--model", "lstm", "--task", "hmm", "--preset", "paper"])
+    assert (a.lr, a.init, a.steps) == (3e-3, "uniform", 17000)          # the HMM's task preset says lr 1.5e-3
+    a = train.parse_args(["--model", "lstm", "--task", "bijection", "--lr", "5e-3"])
+    assert (a.lr, a.init) == (5e-3, "fan-in")
+    a = train.parse_args(["--model", "transformer", "--task", "hmm", "--preset", "paper"])
+    assert a.lr == 1.5e-3                                               # other families keep the task's
