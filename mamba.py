@@ -68,7 +68,8 @@ TWINS = "mamba_twins"       # the module of this family's Numba twins (models.py
 # default and paper presets (within 5%: --params); the quick presets take the Config's width. Optimisation:
 # the learning rate and initialisation of its sweep (RESULTS.md, "The sweep and its rule": the lowest held-out
 # KL of 3 rates x 2 initialisations; the bijection takes the sawtooth's), over the task's own
-TUNED = {"bijection": dict(lr=1e-2, init="fan-in"), "sawtooth": dict(lr=1e-2, init="fan-in")}
+TUNED = {"bijection": dict(lr=1e-2, init="fan-in"), "sawtooth": dict(lr=1e-2, init="fan-in"),
+         "hmm": dict(lr=3e-3, init="gpt2")}
 PRESETS = {task: {preset: dict(params=n, **TUNED.get(task, {})) for preset, n in counts.items()} for task, counts in {
     "bijection": {"default": 156_372, "paper": 156_372},
     "sawtooth": {"first": 105_172, "default": 105_172, "paper": 105_172},

@@ -484,5 +484,7 @@ def test_the_sweeps_choices_are_the_families_presets():
     assert (a.lr, a.init, a.steps) == (3e-3, "uniform", 17000)          # the HMM's task preset says lr 1.5e-3
     a = train.parse_args(["--model", "lstm", "--task", "bijection", "--lr", "5e-3"])
     assert (a.lr, a.init) == (5e-3, "fan-in")
+    a = train.parse_args(["--model", "ssm", "--task", "hmm"])
+    assert (a.lr, a.init) == (3e-3, "gpt2")
     a = train.parse_args(["--model", "transformer", "--task", "hmm", "--preset", "paper"])
     assert a.lr == 1.5e-3                                               # other families keep the task's
