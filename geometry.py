@@ -134,7 +134,8 @@ def cluster_probe_of(name, cfg, batch, task, cache, seed):
     init = [rows(models.forward(name, models.init_params(name, cfg, s), batch["tokens"], cfg)[1]["resid"][-1])
             for s in RANDOM_INIT_SEEDS]
     seq = np.repeat(np.arange(len(batch["tokens"])), len(cols))
-    return state_clusters.cluster_probe(rows(cache["resid"][-1]), rows(batch["posterior"]), seq, init, seed)
+    return state_clusters.cluster_probe(rows(cache["resid"][-1]), rows(batch["posterior"]), seq, init, seed,
+                                        batch["tokens"][:, cols].reshape(-1))
 
 
 STATE_PROBES = ("the final state's PCA with its controls, the cross-validated entropy readout, the state clusters "

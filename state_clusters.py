@@ -12,7 +12,8 @@ CLUSTERS, the HMM's "hidden state"), at the answer rows:
 Controls: the same clustering of the states of randomly initialised models of the same family (the
 architecture alone, five seeds), and the labels shuffled (the NMI of no relation). Noise: the standard error
 over folds of the sequences (each fold clustered on its own), the initialisations' sd over seeds, the
-shuffles' sd. verdicts.state_clusters turns these into a verdict.
+shuffles' sd. verdicts.state_clusters turns these into a verdict. Reported beside it, outside the rule: the
+NMI of the same clusters with the row's own input token (clusters that are the last observation, not the state).
 """
 
 import numpy as np
@@ -40,10 +41,11 @@ def mean_and_se(values):
     return (float(np.mean(v)), ms.mean_se(v)) if v else (None, None)
 
 
-def cluster_probe(X, posterior, seq, init_states, seed=0):
+def cluster_probe(X, posterior, seq, init_states, seed=0, tokens=None):
     """X (N, C): the trained model's final state at the answer rows; posterior (N, K): the exact posterior
     there; seq (N,): each row's sequence; init_states: [(N, C)] the same rows' final states under randomly
-    initialised models of the same family, one per seed. -> the numbers of the module docstring."""
+    initialised models of the same family, one per seed; tokens (N,): each row's input token, or None.
+    -> the numbers of the module docstring."""
     X, P = np.asarray(X, np.float64), np.asarray(posterior, np.float64)
     k = P.shape[1]
     labels = P.argmax(1)                                                        # (N,) MAP class
@@ -60,4 +62,5 @@ def cluster_probe(X, posterior, seq, init_states, seed=0):
             "share_init_per_seed": [ms.cluster_share(X0, c) for X0, c in zip(init_states, init)],
             "nmi_shuffled_mean": float(np.mean(shuffled)), "nmi_shuffled_sd": ms.seed_sd(shuffled),
             "posterior_share": ms.cluster_share(P, ms.kmeans(P, k, seed)),
-            "share_beyond_posterior": diff, "share_beyond_posterior_se": diff_se}
+            "share_beyond_posterior": diff, "share_beyond_posterior_se": diff_se,
+            "nmi_token": None if tokens is None else ms.nmi(km, np.asarray(tokens))}

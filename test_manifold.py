@@ -637,3 +637,13 @@ def test_the_cluster_probe_tells_state_clusters_from_the_posteriors_own():
     c, v = judged["noise"]
     assert c["nmi"] < 0.05 and v["outcome"] == "not supported"
     assert sum(c["label_shares"]) == pytest.approx(1.0) and len(c["nmi_init_per_seed"]) == 2
+    assert c["nmi_token"] is None                                           # no tokens given
+    # states that are one blob per input token (the last observation), unrelated to the MAP state: the
+    # token's NMI is 1, the state's near 0, and the verdict (which reads the state's alone) is not supported
+    tokens = rng.integers(0, K, len(P))
+    by_token = np.eye(K)[tokens] * 4 + 0.1 * rng.standard_normal((len(P), K))
+    c = state_clusters.cluster_probe(by_token, P, seq, noise[1:], tokens=tokens)
+    assert c["nmi_token"] == pytest.approx(1.0) and c["nmi"] < 0.05
+    v = verdicts.state_clusters({"clusters": c})
+    assert v["outcome"] == "not supported" and v["controls"]["NMI with the row's input token (outside the rule)"] == \
+        pytest.approx(1.0)

@@ -414,7 +414,8 @@ def state_clusters(g):
                 "between-cluster share: the state, the exact posterior": [c["share"], c["posterior_share"]],
                 "the state's share beyond the posterior's (per fold), its SE": [c["share_beyond_posterior"],
                                                                               c["share_beyond_posterior_se"]],
-                "MAP states' shares of the rows": c["label_shares"]}
+                "MAP states' shares of the rows": c["label_shares"],
+                "NMI with the row's input token (outside the rule)": c.get("nmi_token")}
     headline = f"k-means on the final state (k = {c['k']}): NMI {fmt(c['nmi'], '.2f')} with the MAP hidden state"
     if c["nmi"] is None or init_mean is None:
         return dict(headline=headline, controls=controls, outcome="cannot be told", margin=None,
