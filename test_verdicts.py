@@ -465,6 +465,15 @@ def test_combine_states_agreement_and_refuses_other_commands():
         vd.combine([a, geometry(train_seed=0)])
     with pytest.raises(ValueError, match="1 run given"):
         vd.combine([a])
+    # a family without attention judged the manifold alone (and the state clusters): only those combine
+    a, b = geometry(train_seed=0), geometry(train_seed=1)
+    for g in (a, b):
+        g["verdicts"] = {"manifold": {}, "state_clusters": {}}          # what its geometry.json judged
+    out = vd.combine([a, b])
+    assert set(out) == {"manifold", "state_clusters"} and out["state_clusters"]["agreement"] == "all 2 seeds agree"
+    b["verdicts"] = {"manifold": {}}
+    with pytest.raises(ValueError, match="judged different claims"):
+        vd.combine([a, b])
 
 
 def test_every_claim_gives_its_default_outcome_and_each_one_moves():

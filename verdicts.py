@@ -498,9 +498,14 @@ def same_command(gs):
 
 def combine(gs):
     """One verdict per claim from several seeds of one command (same_command): each run re-judged by the rules
-    above; the outcome where every seed agrees, else 'undecided' with each seed's outcome."""
+    above, on the claims its geometry.json judged (a family without attention: the manifold and the state
+    clusters); the outcome where every seed agrees, else 'undecided' with each seed's outcome."""
     same_command(gs)
-    each = [judge(g) for g in gs]
+    measured = [list(g["verdicts"]) if "verdicts" in g else None for g in gs]   # a family's own claims (judge)
+    if any(m != measured[0] for m in measured):
+        raise ValueError(f"the runs judged different claims ({measured[0]} against "
+                         f"{next(m for m in measured if m != measured[0])}): re-run geometry.py on each checkpoint")
+    each = [judge(g, measured[0]) for g in gs]
     out = {}
     for claim in each[0]:                                  # the same task: the same claims measured
         outcomes = [v[claim]["outcome"] for v in each]

@@ -3,7 +3,7 @@ each mutant is one textual change to one file of a scratch copy of the repositor
 the tests named beside it run on that copy; killed = they fail. A mutant whose text no longer matches the
 code is reported as not applied (update its line here when the code changes).
 
-    NUMBA_NUM_THREADS=1 python .ci/mutants_verdicts.py [index ...]      # about 13 minutes for all 68
+    NUMBA_NUM_THREADS=1 python .ci/mutants_verdicts.py [index ...]      # about 13 minutes for all 70
 """
 import os
 import shutil
@@ -71,6 +71,8 @@ MUTANTS = [
  ("specific when tied with the median", "verdicts.py", "specific = index(plateau) < median", "specific = index(plateau) <= median", V),
  ("layer by layer: rising test reversed", "verdicts.py", "rising = all(b >= a for a, b in zip(reductions, reductions[1:]))", "rising = all(b <= a for a, b in zip(reductions, reductions[1:]))", V),
  ("combine: a seed repeated is accepted", "verdicts.py", "if None in seeds or len(set(seeds)) < len(seeds):", "if None in seeds:", V),
+ ("combine: every claim, not the run's own", "verdicts.py", "each = [judge(g, measured[0]) for g in gs]", "each = [judge(g) for g in gs]", V),
+ ("combine: runs of different claims accepted", "verdicts.py", "    if any(m != measured[0] for m in measured):\n", "    if False:\n", V),
  ("gate reads the paper metric", "verdicts.py", 'c = g.get("calibration") or {"kl_bits": g["ablations"]["baseline"]["kl_bits"],', 'c = g.get("calibration") or {"kl_bits": g["ablations"]["baseline"].get("entropy_mae_bits", 0.0),', V),
  ("gate ignores a family's own calibration block", "verdicts.py", 'c = g.get("calibration") or {', 'c = {', V),
  ("key frame: noise from the trained value, not the seeds", "verdicts.py", 'ms.seed_sd(a.get("random_init_per_seed", []))', '0.0', V),
