@@ -326,7 +326,7 @@ def main(argv=None):
         p.error(str(e))
     import kernels
     try:
-        with kernels.enabled():                      # the fast path (its numbers: the README says how close)
+        with kernels.enabled():                      # the fast path (its numbers: USAGE.md says how close)
             g = analyze(args.checkpoint, args.figures, args.n_seqs, args.seed)
     except ValueError as e:
         p.error(str(e))

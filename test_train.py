@@ -131,10 +131,10 @@ def test_the_bar_of_a_stopped_run_shows_its_share_and_the_message_has_its_own_li
 
 
 def test_the_error_messages_the_readme_quotes_are_the_ones_printed(tmp_path):
-    """Each `train.py: error: ...` the README quotes is printed verbatim by the command that provokes it (a quote
-    added without its command here fails this test)."""
+    """Each `train.py: error: ...` the README or USAGE.md quotes is printed verbatim by the command that provokes
+    it (a quote added without its command here fails this test)."""
     import re
-    readme = " ".join(open(os.path.join(HERE, "README.md")).read().split())
+    readme = " ".join(" ".join(open(os.path.join(HERE, doc)).read().split()) for doc in ("README.md", "USAGE.md"))
     quoted = re.findall(r"`(train\.py: error: [^`]*)`", readme)
     provoke = {"--K does not apply to --task bijection": ["--K", "10"]}
     assert quoted

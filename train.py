@@ -130,7 +130,7 @@ FLAGS = [
     dict(flag="--figures", type=str, check=a_name, where=TOKEN, evaluate=True, help="where the figures go (default: "
          "the run directory; --figures figures regenerates the ones the documents show)"),
     dict(flag="--kernels", type=str, default="numba", choices=lambda a: ["numba", "numpy"], evaluate=True,
-         help="numba: the fast twins of kernels.py | numpy: the NumPy ops as written (slower; see the README)"),
+         help="numba: the fast twins of kernels.py | numpy: the NumPy ops as written (slower; USAGE.md says how close)"),
     dict(flag="--eval-only", type=str, check=a_name, where=TOKEN, metavar="CHECKPOINT", evaluate=True,
          help="evaluate a checkpoint, no training (its task, settings and seed from its meta)"),
     dict(flag="--resume", type=bool, where=(*TOKEN, *SOME), help="continue the run in --out from its "
