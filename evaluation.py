@@ -8,9 +8,17 @@ The numbers every document here reports, each defined once:
     kl_bits                the mean KL(posterior || model) per answer
     excess_ce_bits         cross-entropy of the sampled targets under the model minus under the posterior
     impossible_mass        the mean model probability on answers the posterior rules out (a probability)
+    prior_kl_bits          the mean KL(posterior || uniform): the KL of a predictor that ignores the context,
+                           the denominator of the score that reads the same on every task (matrix.py)
 The answers of a row are its supervised positions (mask > 0) but those its query_mask marks (the
-sawtooth's final query), which are scored apart under "query". Rows may have their answers at other
+sawtooth's final query), which the paper's curve leaves out. Rows may have their answers at other
 positions, and other numbers of them; the i-th answer of a row is its i-th supervised position.
+
+A batch may name answer groups (batch["groups"] = {name: (n, T) mask}, each inside mask: the sawtooth's
+final query, the recall's stored and unstored keys). Each is scored over all its answers, pooled over the
+rows, under metrics["groups"][name] (group_metrics): the KL, the excess cross-entropy, the per-sequence
+MAE, the mean entropies of the model and of the posterior, and where the posterior is one-hot the
+accuracy of the model's argmax.
 """
 
 import numpy as np
@@ -18,10 +26,11 @@ import numpy as np
 import windtunnels as wt
 
 
-def answers(batch, which="answers"):
+def answers(batch):
     """-> positions (n, P) int and valid (n, P) bool: row b's i-th answer sits at positions[b, i] where
-    valid[b, i] (P is the largest count of any row; the rest is padding). which: "answers" (the paper's
-    curve) or "queries" (the answers scored apart). ValueError in one line for a batch that cannot be scored."""
+    valid[b, i] (P is the largest count of any row; the rest is padding): the answers of the paper's curve,
+    every supervised position but those query_mask leaves out. ValueError in one line for a batch that
+    cannot be scored."""
     mask = np.asarray(batch["mask"]) > 0
     n, T = mask.shape
     if batch["tokens"].shape != (n, T) or batch["posterior"].shape[:2] != (n, T):
@@ -30,13 +39,12 @@ def answers(batch, which="answers"):
     query = np.asarray(batch.get("query_mask", np.zeros((n, T)))) > 0
     if np.any(query & ~mask):
         raise ValueError("the batch's query_mask marks positions its mask does not supervise")
-    chosen = mask & ~query if which == "answers" else query
-    if which == "answers":
-        if not chosen.any(axis=1).all():
-            raise ValueError(f"row {int(np.flatnonzero(~chosen.any(axis=1))[0])} of the batch has no supervised answer")
-        sums = batch["posterior"][chosen].sum(-1)
-        if not np.allclose(sums, 1.0, atol=1e-6):
-            raise ValueError("the batch's posterior is not a distribution at every supervised position")
+    chosen = mask & ~query
+    if not chosen.any(axis=1).all():
+        raise ValueError(f"row {int(np.flatnonzero(~chosen.any(axis=1))[0])} of the batch has no supervised answer")
+    sums = batch["posterior"][mask].sum(-1)
+    if not np.allclose(sums, 1.0, atol=1e-6):
+        raise ValueError("the batch's posterior is not a distribution at every supervised position")
     count = chosen.sum(axis=1)                                      # (n,)
     P = int(count.max()) if n else 0
     order = np.argsort(~chosen, axis=1, kind="stable")[:, :P]       # (n, P) the chosen positions first, in order
@@ -90,16 +98,49 @@ def evaluate(predict, batch):
     ce_model = -np.log2(np.maximum(np.take_along_axis(q, y, -1)[..., 0], wt.TINY))
     ce_bayes = -np.log2(np.maximum(np.take_along_axis(post, y, -1)[..., 0], wt.TINY))
     at = lambda a, i: float(masked_mean(a[:, i], valid[:, i]))
+    uniform = np.full(q.shape[-1], 1.0 / q.shape[-1])
     metrics.update(
+        prior_kl_bits=float(masked_mean(wt.kl_bits(post, uniform), valid)),
         excess_ce_bits=float(masked_mean(ce_model, valid) - masked_mean(ce_bayes, valid)),
         impossible_mass=float(masked_mean(impossible, valid)),
         per_position=[dict(position=int(i + 1), H_model=at(h_model, i), H_bayes=at(h_bayes, i), kl=at(kl, i),
                            impossible_mass=at(impossible, i)) for i in range(pos.shape[1])])
-    qpos, qvalid = answers(batch, "queries")
-    if qvalid.any():                                                # scored apart: KL and accuracy over every query
-        qq, qpost = gather(q_all, qpos)[qvalid], gather(batch["posterior"], qpos)[qvalid]   # (N, K)
-        answer = gather(batch["targets"], qpos)[qvalid]
-        metrics["query"] = dict(kl_bits=float(wt.kl_bits(qpost, qq).mean()),
-                                accuracy=float((qq.argmax(-1) == answer).mean()))
+    groups = {g: group_metrics(q_all, batch, where) for g, where in answer_groups(batch).items()}
+    if groups:
+        metrics["groups"] = groups
     nan = lambda h: np.where(valid[:8], h[:8], np.nan)
     return metrics, dict(h_model=nan(h_model), h_bayes=nan(h_bayes))
+
+
+def answer_groups(batch):
+    """The batch's named answer groups as {name: (n, T) bool}; ValueError in one line for a group that marks
+    a position its mask does not supervise, or marks none."""
+    mask = np.asarray(batch["mask"]) > 0
+    out = {}
+    for name, where in batch.get("groups", {}).items():
+        where = np.asarray(where) > 0
+        if where.shape != mask.shape or np.any(where & ~mask) or not where.any():
+            raise ValueError(f"answer group {name!r} must mark supervised positions of the batch (shape "
+                             f"{mask.shape}), at least one")
+        out[name] = where
+    return out
+
+
+def group_metrics(q_all, batch, where):
+    """q_all (n, T, K) the model's distributions, where (n, T) bool one group's answers -> its numbers, over
+    the N answers it marks (each answer weighs the same, whatever its row): n_answers; kl_bits, the mean
+    KL(posterior || model); excess_ce_bits, the mean cross-entropy of the targets under the model minus under
+    the posterior; entropy_mae_seq_bits, the mean |H_model - H_Bayes|; h_model_bits and h_bayes_bits, the mean
+    entropies; one_hot, the share of its answers whose posterior is one-hot, and where there are any,
+    accuracy: how often the model's argmax is that answer."""
+    q, post, y = q_all[where], batch["posterior"][where], batch["targets"][where]      # (N, K), (N, K), (N,)
+    ce = lambda p: -np.log2(np.maximum(p[np.arange(len(y)), y], wt.TINY))             # (N,)
+    h_model, h_bayes = wt.entropy_bits(q), wt.entropy_bits(post)
+    one_hot = post.max(-1) == 1.0
+    out = dict(n_answers=int(where.sum()), kl_bits=float(wt.kl_bits(post, q).mean()),
+               excess_ce_bits=float(ce(q).mean() - ce(post).mean()),
+               entropy_mae_seq_bits=float(np.abs(h_model - h_bayes).mean()),
+               h_model_bits=float(h_model.mean()), h_bayes_bits=float(h_bayes.mean()), one_hot=float(one_hot.mean()))
+    if one_hot.any():
+        out["accuracy"] = float((q[one_hot].argmax(-1) == post[one_hot].argmax(-1)).mean())
+    return out

@@ -29,6 +29,7 @@ import tasks  # noqa: E402
 from checkpoints import load_checkpoint, plain, versions, write_json  # noqa: E402
 import state_clusters  # noqa: E402
 import verdicts  # noqa: E402
+import windtunnels as wt  # noqa: E402
 from manifold import (AUTHORS_DEFINITIONS, AUTHORS_FRAME_RANK, AUTHORS_NUMBERS, DEFINITIONS,  # noqa: E402
                       RANDOM_INIT_SEEDS, ablations, attention_probe, authors_key_frame, frame_matrix, key_frame_probe,
                       calibration, logit_lens, manifold_probe, probe_batch, probe_settings, query_swap, snapshot_state,
@@ -80,7 +81,7 @@ def _analyze(checkpoint_path, fig_dir, n_seqs, seed):
     abl = ablations(params, cfg, batch, clean=cache)
     T = batch["tokens"].shape[1]
     n_snap = min(SNAPSHOT_SEQS, max(16, int(SNAPSHOT_FLOATS / (cfg.n_layers * cfg.n_heads * T * T))))
-    small = {k: v[:n_snap] for k, v in batch.items()}
+    small = wt.rows_of(batch, slice(0, n_snap))
     snaps = [(step, load_checkpoint(path)[0]) for step, path in formation.snapshot_paths(run_dir)]
     init = models.init_params(meta["model"], cfg, meta.get("seed", 0))      # the run's own initialisation
     fp = formation.frame_precision(snaps, lambda p: snapshot_state(p, cfg, small, task),

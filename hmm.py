@@ -59,7 +59,15 @@ def variants(s):
     return {str(k): {**s, "n_obs": k} for k in [s["n_obs"]] + [k for k in EVAL_LENGTHS if k > s["n_obs"]]}
 
 
+def held_out_key(s):
+    """What the held-out generator's seed takes from the settings (tasks._held_out_seed): the length."""
+    return s["n_obs"]
+
+
 VARIANTS = "length_generalization"      # the metrics key of the held-out sets variants() makes, by label
+VARIANT_FORMAT = "K = {}"               # how a label reads in tables and figures
+VARIANT_TITLE = ("HMM: length generalisation (past the training length, the last\ntrained position's embedding "
+                 "is reused)")
 
 
 def prior_gap_bits(s, n=100_000, seed=0):

@@ -508,6 +508,7 @@ def manifold_controls(X, h, pos, seq, split=None, graded=None):
         out["without_dominant"] = manifold_stats(X[keep], h[keep], pos[keep])[0]
     if graded is not None:
         out["graded_share"] = float(graded.mean())
+    if graded is not None and graded.any():                    # no graded row (H only the split's): none of these
         out["within_position_spearman_graded"] = ms.within_groups(ms.spearman, scores[graded, 0], h[graded], pos[graded])
         out["graded_refit"] = manifold_stats(X[graded], h[graded], pos[graded])[0]
         out["readout_r2_graded"] = ms.cv_r_squared(X[graded], h[graded], seq[graded])
@@ -527,7 +528,7 @@ def readout_baselines(h, pos, seq, split=None, graded=None, q=None):
     if q is not None:
         for name, X in (("output_entropy", wt.entropy_bits(q)[:, None]), ("output_log_probs", np.log(np.maximum(q, 1e-30)))):
             partial(out, f"{name}_partial", X, h, seq, pos)
-            if graded is not None:
+            if graded is not None and graded.any():
                 partial(out, f"{name}_partial_graded", X[graded], h[graded], seq[graded], pos[graded])
     if split is not None:
         s = split.astype(np.float64)[:, None]
@@ -535,7 +536,7 @@ def readout_baselines(h, pos, seq, split=None, graded=None, q=None):
         out["position_and_split"] = ms.cv_r_squared(np.c_[P, s * P], h, seq)
         out["within_position_r2_h_by_split"] = ms.within_groups(lambda a, b: ms.r_squared(a[:, None], b), split.astype(float),
                                                              h, pos)
-    if graded is not None:
+    if graded is not None and graded.any():
         out["position_graded"] = ms.cv_r_squared(P[graded], h[graded], seq[graded])
     return out
 
@@ -569,7 +570,7 @@ def manifold_probe(cache, batch, task, proba=None):
                         "residual": [controls(rows(r)) for r in cache["resid"]]},
            "readout_baselines": readout_baselines(h, pos, seq, split, graded,
                                                   None if proba is None else rows(proba)),
-           "graded_rows": "every row" if graded.all() else f"{graded.mean():.1%} of the rows",
+           "graded_rows": "every row" if graded.all() else f"{graded.mean():.1%} of the rows" if graded.any() else "no row",
            "split": split_name,
            "authors": authors_manifold(rows(cache["xf"]), h, pos, graded)}
     # the figure: all rows (their positions, to mark the dominating ones), the graded rows without the
@@ -596,7 +597,7 @@ def authors_manifold(X, h_bayes, position, graded=None, n_pcs=5):
            "best_abs_pearson": None if r[best] is None else abs(r[best]), "r2_top5": ms.r_squared(top, h_bayes),
            "r2_position_only": ms.r_squared(ms.onehot(position)[:, 1:], h_bayes),
            "mean_within_position_r2_top5": ms.within_groups(ms.r_squared, top, h_bayes, position)}
-    if graded is not None and not graded.all():
+    if graded is not None and graded.any() and not graded.all():
         out["mean_within_position_r2_top5_graded"] = ms.within_groups(ms.r_squared, top[graded], h_bayes[graded],
                                                                    position[graded])
     return out

@@ -63,7 +63,8 @@ LEGACY_FIELDS = {"width": "d_model", "n_blocks": "n_layers"}   # checkpoints wri
 PRESETS = {task: {p: dict(width=w, layers=l) for p, (w, l) in sizes.items()} for task, sizes in {
     "bijection": {"quick": (32, 2), "default": (64, 3), "paper": (64, 3)},
     "sawtooth": {"quick": (32, 2), "first": (64, 2), "default": (64, 2), "paper": (64, 2)},
-    "hmm": {"quick": (32, 2), "default": (64, 4), "paper": (96, 6)}}.items()}
+    "hmm": {"quick": (32, 2), "default": (64, 4), "paper": (96, 6)},
+    "recall": {"quick": (32, 2), "default": (64, 2), "paper": (64, 2)}}.items()}
 
 
 @dataclass

@@ -88,26 +88,28 @@ def plot_traces(traces, task, label, path):
     return _save(fig, path)
 
 
-def length_curves(metrics):
-    """HMM metrics -> {K: dict(per_position, kl_bits)}, what plot_length_generalization draws."""
-    return {int(K): dict(per_position=v, kl_bits=metrics["length_generalization"][K])
-            for K, v in metrics["length_generalization_curves"].items()}
+def variant_curves(metrics, key):
+    """A run's metrics and its task's VARIANTS key -> {label: dict(per_position, kl_bits)}, what plot_variants
+    draws (the first label: the run's own settings)."""
+    return {label: dict(per_position=v, kl_bits=metrics[key][label]) for label, v in metrics[key + "_curves"].items()}
 
 
-def plot_length_generalization(curves, path):
-    """The HMM's KL by observation at each evaluated length K (log scale), the training length marked."""
+def plot_variants(curves, path, label_format="{}", xlabel="answer index i", title="held-out variants"):
+    """KL by answer index on each held-out variant of a task (log scale; the HMM: each length K), the last
+    answer of the first (the run's own settings: for the HMM, its training length) marked."""
     plt = _plt()
     from matplotlib.ticker import MaxNLocator
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for K, m in curves.items():
+    for label, m in curves.items():
         ax.semilogy([r["position"] for r in m["per_position"]], [max(r["kl"], 1e-7) for r in m["per_position"]],
-                    "o-", ms=3, label=f"K = {K} (mean {m['kl_bits']:.2g} bits)")
-    ax.axvline(min(curves), color="gray", ls=":", label=f"training length ({min(curves)})")
+                    "o-", ms=3, label=f"{label_format.format(label)} (mean {m['kl_bits']:.2g} bits)")
+    first = next(iter(curves))
+    ax.axvline(len(curves[first]["per_position"]), color="gray", ls=":",
+               label=f"the run's own setting ({label_format.format(first)})")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("observation t")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("KL(posterior || model) (bits)")
-    ax.set_title("HMM: length generalisation (past the training length, the last\ntrained position's embedding is reused)",
-                 fontsize=10)
+    ax.set_title(title, fontsize=10)
     ax.legend(frameon=False, loc="lower right", fontsize=8)
     ax.grid(alpha=0.3, which="major")
     fig.tight_layout()

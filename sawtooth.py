@@ -136,7 +136,8 @@ def batch(rng, n, V=20, n_pairs=None, alphabet=None):
     posterior[:, -1] = np.eye(V)[answer]  # the query key was seen: one-hot
     query_mask = np.zeros((n, T))
     query_mask[:, -1] = 1.0
-    return dict(tokens=tokens, targets=targets, mask=mask, posterior=posterior, query_mask=query_mask)
+    return dict(tokens=tokens, targets=targets, mask=mask, posterior=posterior, query_mask=query_mask,
+                groups={"final query": query_mask})
 
 
 def distinct_keys_distribution(V, n):

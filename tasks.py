@@ -14,16 +14,21 @@ A task is one module exposing
                                           batch holds); the training loop passes its step (a curriculum
                                           may read it), held-out sets pass none and see the task itself
     prior_gap_bits(s) -> float            the paper metric of a prior-only predictor (the authors' MLP)
-    settings_of(cfg) -> s                 the settings of an older checkpoint whose meta lacks them
 and, where it has them:
+    settings_of(cfg) -> s                 the settings of an older checkpoint whose meta lacks them (a task
+                                          without older checkpoints has none: every run's meta has them)
+    held_out_key(s) -> int                a number the held-out generator's seed takes from the settings
+                                          (default 20; the HMM's: its length, so each length draws its own)
     variants(s) -> {label: s'}, VARIANTS  more held-out sets (the HMM's longer lengths), reported under
-                                          metrics[VARIANTS] by label
+                                          metrics[VARIANTS] by label, the run's own settings first;
+                                          VARIANT_FORMAT, VARIANT_TITLE how tables and figures name them
+    ANSWER_LABEL                          what the figures call the i-th answer
     what the geometry probes read (manifold.PROBE_HOOKS): hypothesis_tokens, token_groups, token_names,
                                           evidence_masks, row_split, graded_rows, swap_query (a task
                                           without them is refused by geometry.py in one line)
 
-Which positions are supervised is each batch's own: mask (and query_mask for answers scored apart), row
-by row. TASKS maps the name a user types (--task) to the module's name. Adding a task is adding its
+Which positions are supervised is each batch's own: mask (and query_mask for answers the paper's curve
+leaves out, groups for answers scored by name: windtunnels.py), row by row. TASKS maps the name a user types (--task) to the module's name. Adding a task is adding its
 module and one entry here. Paper II's sticky chain (continuous inputs) is sticky.py, outside the registry.
 """
 
@@ -31,7 +36,7 @@ import importlib
 
 import numpy as np
 
-TASKS = {"bijection": "bijection", "sawtooth": "sawtooth", "hmm": "hmm"}
+TASKS = {"bijection": "bijection", "sawtooth": "sawtooth", "hmm": "hmm", "recall": "recall"}
 EVAL_SEED = 1_000_003       # held-out data never overlaps the training stream (seeds (seed, step))
 
 
@@ -55,7 +60,13 @@ def settings_from(name, cfg, meta):
     legacy = getattr(mod, "LEGACY_META", {})
     s = {**{k: meta[k] for k in mod.SETTINGS if k in meta},
          **{k: meta[v] for k, v in legacy.items() if k not in meta and v in meta}}
-    return s if set(mod.SETTINGS) <= set(s) else {**mod.settings_of(cfg), **s}
+    if set(mod.SETTINGS) <= set(s):
+        return s
+    if not hasattr(mod, "settings_of"):
+        missing = sorted(set(mod.SETTINGS) - set(s))
+        raise ValueError(f"the checkpoint's meta lacks the {name} setting {missing[0]!r} (and the task has no "
+                         f"older checkpoints to infer it from)")
+    return {**mod.settings_of(cfg), **s}
 
 
 def sizes(name, s):
@@ -91,6 +102,7 @@ def held_out_bytes(name, s, n):
 
 
 def _held_out_seed(name, s, seed):
-    """The held-out generator's seed: (EVAL_SEED, seed, the HMM's length) as it has always been (the
-    bijection and the sawtooth used the default length 20 there, which keeps their held-out sets)."""
-    return (EVAL_SEED, seed, int(s.get("n_obs", 20)))
+    """The held-out generator's seed: (EVAL_SEED, seed, the task's held_out_key(s), default 20), as it has
+    always been (the HMM's length; the bijection and the sawtooth used the default 20 there, which keeps their
+    held-out sets)."""
+    return (EVAL_SEED, seed, int(getattr(task(name), "held_out_key", lambda s: 20)(s)))

@@ -647,3 +647,22 @@ def test_the_cluster_probe_tells_state_clusters_from_the_posteriors_own():
     v = verdicts.state_clusters({"clusters": c})
     assert v["outcome"] == "not supported" and v["controls"]["NMI with the row's input token (outside the rule)"] == \
         pytest.approx(1.0)
+
+
+def test_a_task_whose_rows_are_all_ungraded_is_probed_without_the_graded_controls():
+    """Rows whose H_Bayes is only the split's (recall: 0 on a stored key, log2 of the values on another), so
+    no row is graded: the controls run, report a graded share of 0 and none of the graded numbers (they
+    raised IndexError on the empty selection before)."""
+    from manifold import manifold_controls, readout_baselines
+    rng = np.random.default_rng(0)
+    n, P = 40, 3
+    split = rng.integers(0, 2, n * P).astype(bool)
+    h = np.where(split, 0.0, 5.0)
+    pos, seq = np.tile(np.arange(P), n), np.repeat(np.arange(n), P)
+    X = np.c_[h, rng.normal(size=(n * P, 3))]
+    none = np.zeros(n * P, bool)
+    out = manifold_controls(X, h, pos, seq, split, none)
+    assert out["graded_share"] == 0.0 and "readout_r2_graded" not in out and "graded_refit" not in out
+    assert out["readout_r2"] > 0.9                               # H is the first column: read back held out
+    base = readout_baselines(h, pos, seq, split, none)
+    assert "position_graded" not in base and base["split"] > 0.999       # (a ridge readout: not exactly 1)

@@ -177,22 +177,53 @@ def test_a_row_without_an_answer_is_refused_in_one_line():
         evaluate(lambda tok: q, batch)
 
 
-def test_sawtooth_query_is_scored_apart_with_kl_and_accuracy():
+def test_sawtooth_query_is_scored_apart_as_an_answer_group():
     """A value position, then the final query (one-hot posterior on its answer), two sequences:
-        A: model at the query (.5, .25, .25, 0), answer 0: KL = -log2 .5 = 1 bit, argmax right
-        B: model at the query (.1, .6, .3, 0),   answer 2: KL = -log2 .3 = 1.7370 bits, argmax wrong
-    mean KL 1.3685 bits (the swapped KL(model || one-hot) would be enormous), accuracy 1/2."""
+        A: model at the query (.5, .25, .25, 0), answer 0: KL = -log2 .5 = 1 bit, argmax right, H = 1.5 bits
+        B: model at the query (.1, .6, .3, 0),   answer 2: KL = -log2 .3 = 1.7370 bits, argmax wrong,
+           H = .1 log2 10 + .6 log2(1/.6) + .3 log2(1/.3) = 1.2955 bits
+    mean KL 1.3685 bits (the swapped KL(model || one-hot) would be enormous), the excess CE the same (the
+    posterior's CE is 0), per-sequence MAE and the model's mean entropy 1.3977 (the exact one 0), accuracy 1/2."""
     value_post = np.array([0.25] * 4)
     q = np.array([[value_post, [0.5, 0.25, 0.25, 0.0]], [value_post, [0.1, 0.6, 0.3, 0.0]]])   # (2, 2, 4)
     post = np.array([[value_post, [1.0, 0, 0, 0]], [value_post, [0, 0, 1.0, 0]]])
+    query = np.array([[0, 1], [0, 1]])
     batch = dict(tokens=np.zeros((2, 2), dtype=int), targets=np.array([[1, 0], [3, 2]]), mask=np.ones((2, 2)),
-                 query_mask=np.array([[0, 1], [0, 1]]), posterior=post)
+                 query_mask=query, groups={"final query": query}, posterior=post)
     m, _ = evaluate(lambda tok: q, batch)
-    assert m["query"]["kl_bits"] == pytest.approx((1 - math.log2(0.3)) / 2, abs=1e-12)
-    assert m["query"]["kl_bits"] == pytest.approx(1.36848, abs=1e-5)
-    assert m["query"]["accuracy"] == 0.5
+    g = m["groups"]["final query"]
+    assert g["kl_bits"] == pytest.approx((1 - math.log2(0.3)) / 2, abs=1e-12)
+    assert g["kl_bits"] == pytest.approx(1.36848, abs=1e-5) and g["excess_ce_bits"] == pytest.approx(1.36848, abs=1e-5)
+    assert g["entropy_mae_seq_bits"] == pytest.approx(1.39773, abs=1e-5) == g["h_model_bits"]
+    assert (g["h_bayes_bits"], g["accuracy"], g["one_hot"], g["n_answers"]) == (0.0, 0.5, 1.0, 2)
     # the value position alone makes the paper's curve: the model equals the posterior there
     assert m["entropy_mae_bits"] == pytest.approx(0.0, abs=1e-12) and len(m["per_position"]) == 1
+
+
+def test_an_answer_group_scores_accuracy_on_its_one_hot_answers_only():
+    """One group of two answers, one stored key (one-hot posterior on 0, model (.5, .25, .25, 0): KL 1 bit,
+    argmax right) and one unstored (uniform posterior, model (.7, .1, .1, .1): KL = 1/4 (log2(.25/.7)
+    + 3 log2 2.5) = 0.62009 bits, its argmax meaningless). Group KL 0.81005; accuracy 1 over the one-hot
+    answer alone (over both it would be 1/2 or 1 by the target drawn); one_hot 1/2; the model's mean entropy
+    (1.5 + 1.35678) / 2 = 1.42839, the exact one (0 + 2) / 2 = 1."""
+    q = np.array([[[0.5, 0.25, 0.25, 0.0], [0.7, 0.1, 0.1, 0.1]]])
+    post = np.array([[[1.0, 0, 0, 0], [0.25] * 4]])
+    both = np.ones((1, 2))
+    batch = dict(tokens=np.zeros((1, 2), dtype=int), targets=np.array([[0, 3]]), mask=both, posterior=post,
+                 groups={"queries": both})
+    g = evaluate(lambda tok: q, batch)[0]["groups"]["queries"]
+    assert g["kl_bits"] == pytest.approx(0.81005, abs=1e-5)
+    assert (g["accuracy"], g["one_hot"]) == (1.0, 0.5)
+    # a context-free uniform predictor's KL: (log2 4 - 0 + log2 4 - 2) / 2 = 1 bit (KL(uniform || post), the
+    # swapped one, would be infinite at the one-hot answer)
+    assert evaluate(lambda tok: q, batch)[0]["prior_kl_bits"] == pytest.approx(1.0, abs=1e-12)
+    assert g["h_model_bits"] == pytest.approx(1.42839, abs=1e-5) and g["h_bayes_bits"] == pytest.approx(1.0)
+    batch["groups"] = {"queries": np.array([[0, 1]])}                 # the uniform answer alone: no accuracy
+    g = evaluate(lambda tok: q, batch)[0]["groups"]["queries"]
+    assert "accuracy" not in g and g["one_hot"] == 0.0 and g["kl_bits"] == pytest.approx(0.62009, abs=1e-5)
+    batch["mask"] = np.array([[1.0, 0.0]])
+    with pytest.raises(ValueError, match="^answer group 'queries' must mark supervised positions"):
+        evaluate(lambda tok: q, batch)
 
 
 def test_kl_is_asymmetric_and_in_bits():

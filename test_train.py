@@ -540,10 +540,12 @@ def test_evaluate_keeps_the_sawtooth_query_apart():
     for key in ("entropy_mae_bits", "entropy_mae_seq_bits", "kl_bits", "excess_ce_bits"):
         assert abs(m[key]) < 1e-12, (key, m[key])
     assert len(m["per_position"]) == V - 1                        # the values only
-    assert m["query"]["kl_bits"] == pytest.approx(1.0, abs=1e-12) and m["query"]["accuracy"] == 1.0
+    g = m["groups"]["final query"]
+    assert g["kl_bits"] == pytest.approx(1.0, abs=1e-12) and g["accuracy"] == 1.0
     q[:, -1] = np.roll(batch["posterior"][:, -1], 1, axis=-1) * 0.9 + 0.1 / V   # the argmax is now wrong
     m, _ = evaluation.evaluate(lambda tok: q, batch)
-    assert m["query"]["accuracy"] == 0.0 and m["query"]["kl_bits"] == pytest.approx(-np.log2(0.1 / V))
+    g = m["groups"]["final query"]
+    assert g["accuracy"] == 0.0 and g["kl_bits"] == pytest.approx(-np.log2(0.1 / V))
 
 
 def test_sawtooth_presets_reach_the_model(tmp_path):
@@ -778,3 +780,16 @@ def test_a_second_train_py_into_a_busy_out_is_refused_then_runs_once_the_owner_i
     proc = run([*QUICK, "--steps", "2", "--out", str(out)], tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert load(out / "checkpoint.npz")[2]["step"] == 2 and not (out / runs.LOCK).exists()
+
+
+def test_the_default_run_directory_names_typed_settings_and_the_seed():
+    """Two cells of a sweep over a setting or a seed never share a default directory; the documented paths
+    (seed 0, no setting typed, a preset's own curriculum) keep their names."""
+    import train
+    out = lambda argv: train.parse_args(argv).out
+    assert out([]) == os.path.join("runs", "bijection-transformer-default")
+    assert out(["--task", "sawtooth"]) == os.path.join("runs", "sawtooth-transformer-default")   # preset's curriculum
+    assert out(["--task", "hmm", "--K", "30", "--seed", "1"]) == os.path.join("runs", "hmm-transformer-default-n_obs30-s1")
+    assert out(["--task", "sawtooth", "--curriculum", "5:100"]) == os.path.join(
+        "runs", "sawtooth-transformer-default-curriculum5-100")
+    assert out(["--seed", "2", "--out", "elsewhere"]) == "elsewhere"

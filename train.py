@@ -126,7 +126,8 @@ FLAGS = [
     dict(flag="--stop-after", type=int, check=positive, where=(*TOKEN, *SOME), metavar="N",
          help="stop after N steps with a checkpoint, as Ctrl-C would (continue with --resume); sticky --deep: the "
               "seed in progress stops at its step N; sticky --compare-em: after N of its runs"),
-    dict(flag="--out", type=str, check=a_name, help="run directory (default runs/<task>-<model>-<preset>)"),
+    dict(flag="--out", type=str, check=a_name, help="run directory (default runs/<task>-<model>-<preset>, then the task settings typed and a seed other than 0: "
+              "runs/hmm-transformer-default-n_obs30-s1)"),
     dict(flag="--figures", type=str, check=a_name, where=TOKEN, evaluate=True, help="where the figures go (default: "
          "the run directory; --figures figures regenerates the ones the documents show)"),
     dict(flag="--kernels", type=str, default="numba", choices=lambda a: ["numba", "numpy"], evaluate=True,
@@ -259,8 +260,18 @@ def parse_args(argv=None):
                                                for row in table.values() if row.get("setting")})
     args.eval_seqs_given = "--eval-seqs" in given
     args.given = given
-    args.out = args.out or os.path.join("runs", f"{args.task}-{args.model}-{args.preset}")
+    args.out = args.out or default_out(args, [row for flag, row in table.items() if flag in given and row.get("setting")])
     return args
+
+
+def default_out(args, typed):
+    """runs/<task>-<model>-<preset>, then each task setting typed on the command line (typed: its flag table
+    rows) as -<setting><value>, then -s<seed> for a seed other than 0: so the cells of a sweep over settings
+    or seeds never share a directory (a value's characters outside letters, digits, '.' and '_' become '-')."""
+    parts = [f"{args.task}-{args.model}-{args.preset}"]
+    parts += [row["dest"] + re.sub(r"[^A-Za-z0-9._]", "-", str(getattr(args, row["dest"]))) for row in typed]
+    parts += [f"s{args.seed}"] if args.seed else []
+    return os.path.join("runs", "-".join(parts))
 
 
 def check_relations(args, given):
@@ -503,9 +514,10 @@ def evaluate_run(args, name, params, cfg):
     return metrics, traces
 
 
-def summary_table(rows, prior_gap=None):
+def summary_table(rows, prior_gap=None, task=None):
     """The models' metrics, then the exact posterior's (0) and a prior-only predictor's: its entropy MAE,
-    per-sequence MAE and KL all equal the prior's gap, log2(#classes) - E[H_Bayes] (tasks.prior_gap_bits)."""
+    per-sequence MAE and KL all equal the prior's gap, log2(#classes) - E[H_Bayes] (tasks.prior_gap_bits);
+    then each model's answer groups and, where task (its module) has them, its held-out variants."""
     head = (f"{'model':<14}{'params':>10}{'entropy MAE':>13}{'per-seq MAE':>13}{'KL':>11}{'excess CE':>11}"
             f"{'p(impossible)':>15}")
     lines = [head, "-" * len(head)]
@@ -517,14 +529,23 @@ def summary_table(rows, prior_gap=None):
         lines.append(f"{'prior only':<14}{'':>10}{prior_gap:>13.4g}{prior_gap:>13.4g}{prior_gap:>11.4g}")
     lines.append(f"{'exact Bayes':<14}{'':>10}{0:>13}{0:>13}{0:>11}{0:>11}{0:>15}   (bits; p: a probability)")
     for name, m in rows.items():
-        if "query" in m:
-            lines.append(f"{name} at the final query (one-hot posterior): KL {m['query']['kl_bits']:.4g} bits, "
-                         f"accuracy {m['query']['accuracy']:.4f}")
-        if "length_generalization_all" in m:
-            lines.append(f"{name}, HMM by length K (bits): " + "; ".join(
-                f"K = {K}: KL {g['kl_bits']:.4g}, entropy MAE (paper) {g['entropy_mae_bits']:.4g}, "
-                f"per-seq MAE {g['entropy_mae_seq_bits']:.4g}" for K, g in m["length_generalization_all"].items()))
+        lines += [f"{name}, {group_line(g, v)}" for g, v in m.get("groups", {}).items()]
+        key = getattr(task, "VARIANTS", None)
+        if key and key + "_all" in m:
+            fmt = getattr(task, "VARIANT_FORMAT", "{}")
+            lines.append(f"{name}, held-out variants (bits): " + "; ".join(
+                f"{fmt.format(label)}: KL {g['kl_bits']:.4g}, entropy MAE (paper) {g['entropy_mae_bits']:.4g}, "
+                f"per-seq MAE {g['entropy_mae_seq_bits']:.4g}" for label, g in m[key + "_all"].items()))
     return "\n".join(lines)
+
+
+def group_line(name, g):
+    """One answer group's numbers (evaluation.group_metrics) in one line."""
+    acc = (f", accuracy {g['accuracy']:.4f} on the one-hot answers ({g['one_hot']:.0%} of them)"
+           if "accuracy" in g else "")
+    return (f"{name} ({g['n_answers']:,} answers): KL {g['kl_bits']:.4g} bits, excess CE {g['excess_ce_bits']:.4g}, "
+            f"per-seq MAE {g['entropy_mae_seq_bits']:.4g}, mean entropy {g['h_model_bits']:.4g} "
+            f"(exact {g['h_bayes_bits']:.4g})" + acc)
 
 
 def draw_figures(args, results, traces, fig_dir, run_name):
@@ -533,9 +554,12 @@ def draw_figures(args, results, traces, fig_dir, run_name):
     figure = lambda what: os.path.join(fig_dir, f"{run_name}_{what}.png")
     paths = [plots.plot_calibration(results, args.task, label, figure("calibration")),
              plots.plot_traces(traces, args.task, label, figure("traces"))]
-    main = next(iter(results.values()))
-    if "length_generalization" in main:
-        paths.append(plots.plot_length_generalization(plots.length_curves(main), figure("length_generalization")))
+    main, mod = next(iter(results.values())), tasks.task(args.task)
+    key = getattr(mod, "VARIANTS", None)
+    if key and key + "_curves" in main:
+        paths.append(plots.plot_variants(plots.variant_curves(main, key), figure(key),
+                                         getattr(mod, "VARIANT_FORMAT", "{}"), label,
+                                         getattr(mod, "VARIANT_TITLE", f"{args.task}: held-out variants")))
     return paths
 
 
@@ -704,7 +728,7 @@ def token_run(args, sizes, cfg):
         if bar is not None:
             bar.close()
     draw_figures(args, results, traces, args.figures, run_name)
-    print(summary_table(results, gap))
+    print(summary_table(results, gap, tasks.task(args.task)))
     if results and not args.no_geometry:
         import geometry                                  # the geometry probes, into runs/<name>/geometry.json
         import verdicts
@@ -890,7 +914,7 @@ def eval_only(args):
                     bmetrics, _ = evaluate_run(args, family, bparams, fit_positions(bcfg, sizes))
                     results[family] = dict(task=args.task, model=family, params=models.count_params(bparams),
                                            **bmetrics)
-        print(summary_table(results, tasks.prior_gap_bits(args.task, args.settings)))
+        print(summary_table(results, tasks.prior_gap_bits(args.task, args.settings), tasks.task(args.task)))
         paths = draw_figures(args, results, traces, args.figures, os.path.basename(run_dir))
     finally:
         runs.release(args.figures)

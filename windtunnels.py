@@ -10,7 +10,9 @@ A "batch" of a token wind tunnel is a dict of
     tokens (n, T) int64, targets (n, T) int64, mask (n, T) float64 (1 at a supervised position),
     posterior (n, T, K) float64 (zeros where mask == 0),
 and optionally query_mask (n, T) float64: 1 at a supervised position the paper's entropy curve leaves
-out (the sawtooth's final query), scored apart. Supervised positions may differ from row to row.
+out (the sawtooth's final query), and groups {name: (n, T) float64}: named answer groups, each scored on
+its own (evaluation.group_metrics). Supervised positions may differ from row to row; rows_of slices a
+batch.
 Entropies and KL divergences are in bits.
 """
 import numpy as np
@@ -35,6 +37,11 @@ def kl_bits(p, q, axis=-1):
     q = np.maximum(np.asarray(q, dtype=np.float64), TINY)
     log_p = np.log2(np.where(p > 0, p, 1.0))
     return np.sum(p * (log_p - np.log2(q)), axis=axis)
+
+
+def rows_of(batch, rows):
+    """The batch's rows (a slice or an index array) -> a batch, its answer groups sliced alike."""
+    return {k: ({g: m[rows] for g, m in v.items()} if k == "groups" else v[rows]) for k, v in batch.items()}
 
 
 def sample_categorical(rng, p):
