@@ -116,6 +116,32 @@ def plot_variants(curves, path, label_format="{}", xlabel="answer index i", titl
     return _save(fig, path)
 
 
+def plot_primitives(rows, path, good, partial, primitive=None):
+    """The measured matrix (matrix.table rows): families (and the transformer's depth rows) down, tasks across,
+    each cell coloured by its score (mean over seeds), the scores per seed and the mark printed; the authors'
+    hand-drawn mark beside it where their figure has the cell; primitive: {task: what it exercises}."""
+    plt = _plt()
+    task_names = list(dict.fromkeys(r["task"] for r in rows))
+    fams = list(dict.fromkeys((r["family"], r["layers"]) for r in rows))
+    grid = np.full((len(fams), len(task_names)), np.nan)
+    fig, ax = plt.subplots(figsize=(2.2 + 2.3 * len(task_names), 1.2 + 0.62 * len(fams)))
+    for r in rows:
+        i, j = fams.index((r["family"], r["layers"])), task_names.index(r["task"])
+        grid[i, j] = np.mean(r["score"])
+        authors = "" if r.get("authors") is None else f"\nauthors: {r['authors']}"
+        ax.text(j, i, " / ".join(f"{s:.2f}" for s in r["score"]) + f"  {r['verdict']}{authors}", ha="center",
+                va="center", fontsize=7)
+    im = ax.imshow(np.clip(grid, 0, 1), cmap="RdYlGn", vmin=0, vmax=1, aspect="auto")
+    ax.set_xticks(range(len(task_names)), [t + (f"\n({primitive[t]})" if primitive and t in primitive else "")
+                                           for t in task_names])
+    ax.set_yticks(range(len(fams)), [f + (f", {L} layers" if L else "") for f, L in fams])
+    fig.colorbar(im, ax=ax, label="score: 1 - KL(model) / KL(uniform)")
+    ax.set_title(f"the primitives, measured (per seed; mark: {good:g} and above, ~ from {partial:g}, "
+                 f"below it a cross)", fontsize=9)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
 # ----------------------------------------------------------------------------
 # the geometry probes (manifold.py)
 

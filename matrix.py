@@ -1,0 +1,238 @@
+"""matrix: every registered family on every token wind tunnel, at matched parameter counts and budgets, scored
+the same way on every task: the revised Paper I's table of Bayesian primitives against architectures, measured.
+
+    python matrix.py [--preset quick|default] [--out runs/matrix] [--seeds 0 1] [--jobs 2] [--figures DIR]
+
+Each cell is an ordinary run of train.py (so there is one training loop) in OUT/<task>-<family>[-L<layers>]-s<seed>
+with its metrics.json: a finished cell is skipped, an interrupted one resumes (--resume), so the command can
+be stopped (Ctrl-C) and run again. Cells run one Numba thread each (a cell's numbers do not depend on how many
+run beside it), --jobs at a time.
+
+What a cell gets (the default preset): the task's default preset (its steps x batch: the same budget for every
+family, said in the table), each family's own learning rate and initialisation for the task (its PRESETS),
+and --params the transformer's parameter count at that preset (every family within 5%, models.MATCH_TOL); the
+HMM trains on soft targets. Depth rows: the transformer also at DEPTHS layers of its width. The quick preset
+(teaching, CI's smoke test): each task's quick preset, the families at their quick sizes (not matched), one
+seed, no depth rows.
+
+The score reads the same on every task: the fraction of the prior's gap closed, 1 - KL(model) / KL(a uniform
+predictor), both on the cell's held-out answers (metrics kl_bits and prior_kl_bits). The marks are fixed here,
+before any matrix run: GOOD (a check) at a score of at least GOOD, PARTIAL (~) from PARTIAL up, NONE (a cross)
+below; a cell whose seeds get different marks is marked split.
+"""
+
+import os
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # see layers.py: BLAS threads fight Numba's
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+import models  # noqa: E402
+import tasks  # noqa: E402
+
+GOOD, PARTIAL = 0.95, 0.50          # the marks' thresholds on the score, fixed before the first matrix run
+MARKS = ("✓", "~", "✗")             # score >= GOOD, PARTIAL <= score < GOOD, score < PARTIAL
+DEPTHS = (1, 2, 4)                  # the transformer's depth rows (the default preset)
+PRESETS = {"quick": dict(seeds=(0,), depth=False), "default": dict(seeds=(0, 1), depth=True)}
+SOFT = ("hmm",)                     # tasks trained on soft targets (as every HMM row in RESULTS.md)
+# what each task exercises, and the authors' hand-drawn figure (revised Paper I): accumulation is the
+# bijection, transport HMM filtering, binding associative recall; the sawtooth's repeated keys need a lookup
+# (close to binding) and are not in their figure; nor is the prefix MLP (their text: "MLPs realize none")
+PRIMITIVE = {"bijection": "accumulation", "sawtooth": "lookup", "hmm": "transport", "recall": "binding"}
+AUTHORS = {"transformer": {"accumulation": "✓", "transport": "✓", "binding": "✓"},
+           "ssm": {"accumulation": "✓", "transport": "✓", "binding": "~"},
+           "lstm": {"accumulation": "✓", "transport": "✗", "binding": "✗"},
+           "mlp": {"accumulation": "✗", "transport": "✗", "binding": "✗"}}
+
+
+# ----------------------------------------------------------------------------
+# the marks
+
+def score(metrics):
+    """The fraction of the prior's gap a model closes: 1 - KL(model) / KL(uniform), on its held-out answers."""
+    if not metrics.get("prior_kl_bits"):
+        raise ValueError("a cell's metrics.json lacks prior_kl_bits (written by train.py since the matrix); "
+                         "evaluate it again: python train.py --eval-only <run>/checkpoint.npz")
+    return 1.0 - metrics["kl_bits"] / metrics["prior_kl_bits"]
+
+
+def mark(s):
+    """One seed's score -> its mark."""
+    return MARKS[0] if s >= GOOD else MARKS[1] if s >= PARTIAL else MARKS[2]
+
+
+def verdict(scores):
+    """The seeds' scores of a cell -> its mark, or "split (a/b)" where the seeds' marks differ."""
+    marks = [mark(s) for s in scores]
+    return marks[0] if len(set(marks)) == 1 else "split (" + "/".join(marks) + ")"
+
+
+def against_authors(family, task, cell_verdict):
+    """-> "agrees", "disagrees" or None (the authors' figure has no such cell)."""
+    claim = AUTHORS.get(family, {}).get(PRIMITIVE[task])
+    if claim is None:
+        return None
+    return "agrees" if cell_verdict == claim else "disagrees"
+
+
+# ----------------------------------------------------------------------------
+# the cells
+
+def cells(preset, seeds=None):
+    """-> [dict(task, family, layers, seed, name)] in the order they run: task by task, family by family."""
+    seeds = PRESETS[preset]["seeds"] if seeds is None else seeds
+    out = []
+    for task in tasks.TASKS:
+        rows = [(family, None) for family in models.FAMILIES]
+        rows += [("transformer", L) for L in DEPTHS] if PRESETS[preset]["depth"] else []
+        for family, layers in rows:
+            for seed in seeds:
+                tag = f"-L{layers}" if layers else ""
+                out.append(dict(task=task, family=family, layers=layers, seed=seed, name=f"{task}-{family}{tag}-s{seed}"))
+    return out
+
+
+def transformer_size(task, preset):
+    """-> (parameter count, width) of the transformer at the task's preset: what every family is matched to."""
+    import train
+    args = train.parse_args(["--task", task, "--preset", preset])
+    cfg = train.model_config(args, tasks.sizes(task, args.settings), "transformer")
+    return models.count_params(models.param_shapes("transformer", cfg)), cfg.d_model
+
+
+def argv(cell, preset, run_dir, size=None):
+    """The train.py command line of a cell; size: (params, width) of the task's transformer (default preset)."""
+    a = [sys.executable, "train.py", "--task", cell["task"], "--model", cell["family"], "--preset", preset,
+         "--seed", str(cell["seed"]), "--threads", "1", "--no-baseline", "--no-geometry", "--quiet", "--out", run_dir]
+    a += ["--soft"] if cell["task"] in SOFT else []
+    if size is not None and cell["layers"]:
+        a += ["--layers", str(cell["layers"]), "--width", str(size[1])]
+    elif size is not None and cell["family"] != "transformer":
+        a += ["--params", str(size[0])]
+    if os.path.exists(os.path.join(run_dir, "checkpoint.npz")):
+        a += ["--resume"]                                          # an interrupted cell continues
+    elif os.path.isdir(run_dir):
+        a += ["--overwrite"]                                       # stopped before its first checkpoint
+    return a
+
+
+def finished(run_dir):
+    path = os.path.join(run_dir, "metrics.json")
+    return json.load(open(path)) if os.path.exists(path) else None
+
+
+# ----------------------------------------------------------------------------
+# running them
+
+def run(preset="default", out=os.path.join("runs", "matrix"), seeds=None, jobs=2, log=print):
+    """Train every cell not yet finished, `jobs` at a time, one progress line per cell. -> {name: metrics}."""
+    todo = cells(preset, seeds)
+    sizes = {t: transformer_size(t, preset) for t in tasks.TASKS} if preset != "quick" else {}
+    os.makedirs(out, exist_ok=True)
+    env = {**os.environ, "NUMBA_NUM_THREADS": "1"}
+    here = os.path.dirname(os.path.abspath(__file__))
+    results, running, start, walls = {}, [], time.time(), []
+    queue = []
+    for c in todo:
+        m = finished(os.path.join(out, c["name"]))
+        if m is None:
+            queue.append(c)
+        else:
+            results[c["name"]] = m
+    log(f"matrix ({preset}): {len(todo)} cells, {len(results)} finished before, {len(queue)} to train, {jobs} at a "
+        f"time, one Numba thread each, into {out}")
+    try:
+        while queue or running:
+            while queue and len(running) < jobs:
+                c = queue.pop(0)
+                run_dir = os.path.join(out, c["name"])
+                logf = open(run_dir + ".log", "a")
+                p = subprocess.Popen(argv(c, preset, run_dir, sizes.get(c["task"])), cwd=here, env=env,
+                                     stdout=logf, stderr=subprocess.STDOUT)
+                running.append((c, p, logf, time.time()))
+            time.sleep(0.2)
+            for item in [r for r in running if r[1].poll() is not None]:
+                c, p, logf, t0 = item
+                running.remove(item)
+                logf.close()
+                m = finished(os.path.join(out, c["name"]))
+                if p.returncode != 0 or m is None:
+                    raise RuntimeError(f"cell {c['name']} failed (exit code {p.returncode}): see "
+                                       f"{os.path.join(out, c['name'])}.log")
+                results[c["name"]] = m
+                walls.append(time.time() - t0)
+                done = sum(1 for x in todo if x["name"] in results)
+                left = (len(queue) + len(running)) * (sum(walls) / len(walls)) / jobs
+                log(f"[{done}/{len(todo)}] {c['name']}: KL {m['kl_bits']:.4g} bits, score {score(m):.3f}, "
+                    f"{walls[-1]:.0f} s; {time.time() - start:.0f} s so far, about {left:.0f} s left for the matrix")
+    except KeyboardInterrupt:
+        for _, p, logf, _ in running:
+            p.terminate()                                          # each cell saves its checkpoint and stops
+            p.wait()
+            logf.close()
+        log("interrupted: run the same command again to continue (finished cells are kept, the others resume)")
+        raise SystemExit(130)
+    return results
+
+
+def table(results, preset, seeds=None):
+    """-> rows: dict(task, family, layers, kl (per seed), score (per seed), verdict, authors)."""
+    rows = {}
+    for c in cells(preset, seeds):
+        m = results.get(c["name"])
+        if m is None:
+            continue
+        key = (c["task"], c["family"], c["layers"])
+        r = rows.setdefault(key, dict(task=c["task"], family=c["family"], layers=c["layers"], params=m["params"],
+                                      steps=m["steps"], kl=[], score=[]))
+        r["kl"].append(m["kl_bits"])
+        r["score"].append(score(m))
+    for r in rows.values():
+        r["verdict"] = verdict(r["score"])
+        r["authors"] = None if r["layers"] else AUTHORS.get(r["family"], {}).get(PRIMITIVE[r["task"]])
+        r["agreement"] = None if r["layers"] else against_authors(r["family"], r["task"], r["verdict"])
+    return list(rows.values())
+
+
+def lines(rows):
+    head = f"{'task':<10}{'family':<20}{'params':>9}{'steps':>8}  {'KL (bits), per seed':<24}{'score':<16}{'mark':<14}authors"
+    out = [head, "-" * len(head)]
+    for r in rows:
+        fam = r["family"] + (f", {r['layers']} layers" if r["layers"] else "")
+        out.append(f"{r['task']:<10}{fam:<20}{r['params']:>9,}{r['steps']:>8}  "
+                   f"{' / '.join(f'{k:.3g}' for k in r['kl']):<24}{' / '.join(f'{s:.3f}' for s in r['score']):<16}"
+                   f"{r['verdict']:<14}{'' if r['authors'] is None else r['authors'] + ' (' + r['agreement'] + ')'}")
+    return out
+
+
+def main(argv_=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", choices=list(PRESETS), default="default")
+    p.add_argument("--out", default=None, help="the cells' directory (default runs/matrix[-quick])")
+    p.add_argument("--seeds", type=int, nargs="+", default=None, help="default: the preset's (quick 0; default 0 1)")
+    p.add_argument("--jobs", type=int, default=2, help="cells at a time (default 2, one per core)")
+    p.add_argument("--figures", default="figures", help="where primitives.png goes (default figures)")
+    a = p.parse_args(argv_)
+    if a.jobs < 1:
+        p.error(f"--jobs {a.jobs}: allowed are 1 or more")
+    out = a.out or os.path.join("runs", "matrix" + ("-quick" if a.preset == "quick" else ""))
+    results = run(a.preset, out, a.seeds, a.jobs)
+    rows = table(results, a.preset, a.seeds)
+    with open(os.path.join(out, "matrix.json"), "w") as f:
+        json.dump(dict(preset=a.preset, thresholds=dict(good=GOOD, partial=PARTIAL), primitive=PRIMITIVE,
+                       rows=rows), f, indent=1)
+    print("\n".join(lines(rows)))
+    import plots
+    os.makedirs(a.figures, exist_ok=True)
+    path = plots.plot_primitives(rows, os.path.join(a.figures, "primitives" + ("-quick" if a.preset == "quick" else "")
+                                                    + ".png"), GOOD, PARTIAL, PRIMITIVE)
+    print(f"{os.path.join(out, 'matrix.json')}; figure {path}")
+
+
+if __name__ == "__main__":
+    main()

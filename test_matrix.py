@@ -1,0 +1,99 @@
+"""matrix.py: the score and the marks (every branch of the rule), the cells and their command lines, and the
+runner's skip, resume and progress logic (on stand-in cells that write a metrics.json without training; CI's
+smoke test, `python matrix.py --preset quick`, trains them)."""
+import json
+import os
+import sys
+
+import pytest
+
+import matrix
+import models
+import tasks
+
+
+def test_the_score_is_the_share_of_the_uniform_predictors_kl_closed():
+    """KL 0.1 bits against the uniform predictor's 2.0: 1 - 0.1 / 2 = 0.95 (the inverted ratio would give -19,
+    the KL alone 0.1)."""
+    assert matrix.score(dict(kl_bits=0.1, prior_kl_bits=2.0)) == pytest.approx(0.95)
+    assert matrix.score(dict(kl_bits=3.0, prior_kl_bits=2.0)) == pytest.approx(-0.5)   # worse than uniform
+    with pytest.raises(ValueError, match="lacks prior_kl_bits"):
+        matrix.score(dict(kl_bits=0.1))
+
+
+@pytest.mark.parametrize("s, expected", [(1.0, "✓"), (0.95, "✓"), (0.9499, "~"), (0.5, "~"), (0.4999, "✗"),
+                                         (-0.2, "✗")])
+def test_marks_at_their_thresholds(s, expected):
+    assert matrix.mark(s) == expected
+
+
+def test_a_cell_whose_seeds_disagree_is_split():
+    assert matrix.verdict([0.97, 0.99]) == "✓" and matrix.verdict([0.6, 0.7]) == "~"
+    assert matrix.verdict([0.97, 0.9]) == "split (✓/~)" and matrix.verdict([0.3, 0.96]) == "split (✗/✓)"
+
+
+def test_cells_are_compared_with_the_authors_figure_where_it_has_them():
+    assert matrix.against_authors("lstm", "hmm", "✗") == "agrees"
+    assert matrix.against_authors("ssm", "recall", "✓") == "disagrees"          # their "~"
+    assert matrix.against_authors("transformer", "bijection", "split (✓/~)") == "disagrees"
+    assert matrix.against_authors("prefix-mlp", "hmm", "✗") is None             # not in their figure
+    assert matrix.against_authors("transformer", "sawtooth", "✓") is None       # nor is the sawtooth
+
+
+def test_the_cells_of_each_preset():
+    n_t, n_f = len(tasks.TASKS), len(models.FAMILIES)
+    quick, default = matrix.cells("quick"), matrix.cells("default")
+    assert len(quick) == n_t * n_f and {c["seed"] for c in quick} == {0} and not any(c["layers"] for c in quick)
+    assert len(default) == n_t * (n_f + len(matrix.DEPTHS)) * 2
+    assert len({c["name"] for c in default}) == len(default)
+    assert "hmm-transformer-L2-s1" in {c["name"] for c in default}
+
+
+def test_a_cells_command_line(tmp_path):
+    cell = lambda fam, task="hmm", layers=None: dict(task=task, family=fam, layers=layers, seed=1, name="x")
+    d = str(tmp_path / "x")
+    a = matrix.argv(cell("lstm"), "default", d, (213_445, 64))
+    assert a[a.index("--params") + 1] == "213445" and "--soft" in a and a[a.index("--seed") + 1] == "1"
+    assert a[a.index("--threads") + 1] == "1" and "--resume" not in a and "--overwrite" not in a
+    a = matrix.argv(cell("transformer", "recall"), "default", d, (109_600, 64))
+    assert "--params" not in a and "--soft" not in a                         # its own preset is the target
+    a = matrix.argv(cell("transformer", "recall", 4), "default", d, (109_600, 64))
+    assert (a[a.index("--layers") + 1], a[a.index("--width") + 1]) == ("4", "64") and "--params" not in a
+    assert "--params" not in matrix.argv(cell("ssm"), "quick", d)           # quick: the families' own sizes
+    os.makedirs(d)
+    assert "--overwrite" in matrix.argv(cell("ssm"), "quick", d)            # stopped before its first checkpoint
+    open(os.path.join(d, "checkpoint.npz"), "w").close()
+    assert "--resume" in matrix.argv(cell("ssm"), "quick", d)
+
+
+def test_the_runner_skips_finished_cells_and_reports_each(tmp_path, monkeypatch):
+    """Stand-in cells (a command that writes metrics.json: KL 0.1 of 2.0 bits) instead of train.py: a cell
+    finished before is not run again; every other one gets a progress line with its score."""
+    few = matrix.cells("quick")[:3]
+    monkeypatch.setattr(matrix, "cells", lambda preset, seeds=None: few)
+    ran = []
+
+    def fake_argv(cell, preset, run_dir, size=None):
+        ran.append(cell["name"])
+        code = (f"import json, os; os.makedirs({run_dir!r}, exist_ok=True); json.dump(dict(kl_bits=0.1, "
+                f"prior_kl_bits=2.0, params=10, steps=5), open(os.path.join({run_dir!r}, 'metrics.json'), 'w'))")
+        return [sys.executable, "-c", code]
+    monkeypatch.setattr(matrix, "argv", fake_argv)
+    out = tmp_path / "m"
+    os.makedirs(out / few[0]["name"])
+    json.dump(dict(kl_bits=1.0, prior_kl_bits=2.0, params=10, steps=5), open(out / few[0]["name"] / "metrics.json", "w"))
+    lines = []
+    results = matrix.run("quick", str(out), jobs=2, log=lines.append)
+    assert ran == [c["name"] for c in few[1:]] and set(results) == {c["name"] for c in few}
+    assert lines[0].startswith("matrix (quick): 3 cells, 1 finished before, 2 to train, 2 at a time")
+    assert sum("score 0.950" in line for line in lines) == 2
+    rows = matrix.table(results, "quick")
+    assert [r["verdict"] for r in rows] == ["~", "✓", "✓"] and rows[0]["score"] == [0.5]
+
+
+def test_a_failing_cell_names_its_log(tmp_path, monkeypatch):
+    few_one = [dict(task="bijection", family="mlp", layers=None, seed=0, name="bijection-mlp-s0")]
+    monkeypatch.setattr(matrix, "cells", lambda preset, seeds=None: few_one)
+    monkeypatch.setattr(matrix, "argv", lambda *a, **k: [sys.executable, "-c", "raise SystemExit(2)"])
+    with pytest.raises(RuntimeError, match=r"cell bijection-mlp-s0 failed \(exit code 2\): see .*bijection-mlp-s0.log"):
+        matrix.run("quick", str(tmp_path), log=lambda s: None)
