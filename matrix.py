@@ -99,9 +99,9 @@ def cells(preset, seeds=None):
 
 def transformer_size(task, preset):
     """-> (parameter count, width) of the transformer at the task's preset: what every family is matched to."""
-    import train
-    args = train.parse_args(["--task", task, "--preset", preset])
-    cfg = train.model_config(args, tasks.sizes(task, args.settings), "transformer")
+    import flags
+    args = flags.parse_args(["--task", task, "--preset", preset])
+    cfg = flags.model_config(args, tasks.sizes(task, args.settings), "transformer")
     return models.count_params(models.param_shapes("transformer", cfg)), cfg.d_model
 
 
