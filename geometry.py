@@ -33,7 +33,7 @@ import windtunnels as wt  # noqa: E402
 from manifold import (AUTHORS_DEFINITIONS, AUTHORS_FRAME_RANK, AUTHORS_NUMBERS, DEFINITIONS,  # noqa: E402
                       RANDOM_INIT_SEEDS, ablations, attention_probe, authors_key_frame, frame_matrix, key_frame_probe,
                       calibration, logit_lens, manifold_probe, probe_batch, probe_settings, query_swap, snapshot_state,
-                      supervised_columns, task_module, uniform_kl_bits,
+                      supervised_columns, uniform_kl_bits,
                       task_of, token_names)
 
 PROBE_DEFINITIONS = {**DEFINITIONS, "state_clusters": state_clusters.__doc__}   # every probe's, into geometry.json
@@ -54,11 +54,25 @@ def analyze(checkpoint_path, fig_dir=None, n_seqs=500, seed=0, threads=1):
         numba.set_num_threads(prev_threads)
 
 
+# the task hooks each probe reads (manifold.PROBE_HOOKS); a task without them has those probes skipped, in one
+# line each, and the others run
+NEEDS = {"key_frame": ("hypothesis_tokens", "token_groups"), "sharpening": ("evidence_masks", "swap_query"),
+         "manifold": ("row_split", "graded_rows"), "frame_precision": ("hypothesis_tokens", "evidence_masks"),
+         "attention_maps": ("token_names",)}
+
+
+def lacking(task):
+    """-> {probe: 'the task provides no <hooks>'} for each probe of NEEDS the task cannot feed."""
+    mod = tasks.task(task)
+    missing = {probe: [h for h in hooks if not hasattr(mod, h)] for probe, hooks in NEEDS.items()}
+    return {probe: f"the task provides no {', '.join(m)}" for probe, m in missing.items() if m}
+
+
 def _analyze(checkpoint_path, fig_dir, n_seqs, seed):
     params, cfg, meta, _ = load_checkpoint(checkpoint_path)
     attention = getattr(models.module(meta["model"]), "PROBES", False)
     task = task_of(cfg, meta)
-    task_module(task)                                   # one line if the task lacks a hook the probes read
+    skip = lacking(task)
     run_dir = os.path.dirname(os.path.abspath(checkpoint_path))
     run = os.path.basename(run_dir)
     title = f"{run} ({task})"
@@ -68,30 +82,38 @@ def _analyze(checkpoint_path, fig_dir, n_seqs, seed):
 
     settings = probe_settings(task, cfg, meta)
     batch = probe_batch(task, cfg, n_seqs, seed, settings)
+    supervised_columns(batch)                           # one line if the rows have their answers at other positions
     if not attention:
         return _state_probes(checkpoint_path, params, cfg, meta, task, settings, batch, n_seqs, seed, title, fig,
-                             run_dir)
+                             run_dir, skip)
     logits, cache = ba.forward(params, batch["tokens"], cfg)
+    ran = lambda probe: probe not in skip
 
-    frame, matrices = key_frame_probe(params, cfg, task, batch["tokens"])
-    att = attention_probe(cache, batch, task, cfg)
-    att["query_swap"] = query_swap(params, cfg, batch, task, seed=seed)
-    man, xy = manifold_probe(cache, batch, task, proba=softmax.numpy(logits.astype(np.float64)))
+    frame, matrices = key_frame_probe(params, cfg, task, batch["tokens"]) if ran("key_frame") else (None, None)
+    att = None
+    if ran("sharpening"):
+        att = attention_probe(cache, batch, task, cfg)
+        att["query_swap"] = query_swap(params, cfg, batch, task, seed=seed)
+    man, xy = (manifold_probe(cache, batch, task, proba=softmax.numpy(logits.astype(np.float64)))
+               if ran("manifold") else (None, None))
     lens = logit_lens(params, cache, batch)
     abl = ablations(params, cfg, batch, clean=cache)
     T = batch["tokens"].shape[1]
     n_snap = min(SNAPSHOT_SEQS, max(16, int(SNAPSHOT_FLOATS / (cfg.n_layers * cfg.n_heads * T * T))))
     small = wt.rows_of(batch, slice(0, n_snap))
-    snaps = [(step, load_checkpoint(path)[0]) for step, path in formation.snapshot_paths(run_dir)]
-    init = models.init_params(meta["model"], cfg, meta.get("seed", 0))      # the run's own initialisation
-    fp = formation.frame_precision(snaps, lambda p: snapshot_state(p, cfg, small, task),
-                                   lambda p: frame_matrix(p, task, cfg), AUTHORS_FRAME_RANK, cfg.d_model, init=init,
-                                   other_inits=[models.init_params(meta["model"], cfg, s) for s in RANDOM_INIT_SEEDS])
+    fp = None
+    if ran("frame_precision"):
+        snaps = [(step, load_checkpoint(path)[0]) for step, path in formation.snapshot_paths(run_dir)]
+        init = models.init_params(meta["model"], cfg, meta.get("seed", 0))      # the run's own initialisation
+        fp = formation.frame_precision(snaps, lambda p: snapshot_state(p, cfg, small, task),
+                                       lambda p: frame_matrix(p, task, cfg), AUTHORS_FRAME_RANK, cfg.d_model, init=init,
+                                       other_inits=[models.init_params(meta["model"], cfg, s) for s in RANDOM_INIT_SEEDS])
     if fp is not None:
         fp["probe_sequences"] = n_snap
         fp["init_seed"] = meta.get("seed", 0)
 
-    authors = {"key_frame": authors_key_frame(params, cfg, task), "manifold": man["authors"],
+    authors = {"key_frame": authors_key_frame(params, cfg, task) if ran("key_frame") else None,
+               "manifold": man["authors"] if man else None,
                "frame_head": abl["authors_frame_head"], "frame_precision": fp["authors"] if fp else None}
 
     if fp is not None:
@@ -103,21 +125,29 @@ def _analyze(checkpoint_path, fig_dir, n_seqs, seed):
         "authors": authors, "authors_definitions": AUTHORS_DEFINITIONS, "authors_numbers": AUTHORS_NUMBERS,
         "definitions": PROBE_DEFINITIONS,
         "key_frame": frame, "attention": att, "manifold": man, "logit_lens": lens, "ablations": abl,
-        "frame_precision": fp, "clusters": cluster_probe_of(meta["model"], cfg, batch, task, cache, seed)})
-    out["verdicts"] = v = plain(verdicts.judge(out))
+        "frame_precision": fp, "clusters": cluster_probe_of(meta["model"], cfg, batch, task, cache, seed),
+        **({"skipped_probes": skip} if skip else {})})
+    claims = [c for c in verdicts.CLAIMS if c not in skip and (c != "state_clusters" or out["clusters"] is not None)]
+    out["verdicts"] = v = plain(verdicts.judge(out, claims=claims))
     # every figure draws the controls that decide its claim and prints the verdict of the same probes
     rules = dict(sharp=verdicts.SHARP, sink_share=verdicts.SINK_SHARE, aligned=verdicts.SWAP_ALIGNED,
                  independent=verdicts.SWAP_INDEPENDENT, noise_z=verdicts.NOISE_Z)
-    out["figures"] = [
-        plots.plot_key_frame(frame, matrices, cfg, title, fig("key_frame"), authors["key_frame"], v["key_frame"],
-                             verdicts.NOISE_Z),
-        plots.plot_attention_maps(cache, batch["tokens"][0], token_names(task, cfg, batch["tokens"][0]), cfg, title,
-                                  fig("attention_maps")),
-        plots.plot_attention_entropy(att, task, cfg, title, fig("attention_entropy"), v["sharpening"], **rules),
-        plots.plot_manifold(man, xy, title, fig("value_manifold"), v["manifold"]),
-        plots.plot_logit_lens(lens, title, fig("logit_lens")),
-        plots.plot_ablations(abl, title, fig("ablations"), v["frame_head"], verdicts.ESSENTIAL,
-                             verdicts.IN_DISTRIBUTION, verdicts.NOISE_Z)]
+    out["figures"] = []
+    if frame is not None:
+        out["figures"].append(plots.plot_key_frame(frame, matrices, cfg, title, fig("key_frame"), authors["key_frame"],
+                                                   v["key_frame"], verdicts.NOISE_Z))
+    if ran("attention_maps"):
+        out["figures"].append(plots.plot_attention_maps(cache, batch["tokens"][0],
+                                                        token_names(task, cfg, batch["tokens"][0]), cfg, title,
+                                                        fig("attention_maps")))
+    if att is not None:
+        out["figures"].append(plots.plot_attention_entropy(att, task, cfg, title, fig("attention_entropy"),
+                                                           v["sharpening"], **rules))
+    if man is not None:
+        out["figures"].append(plots.plot_manifold(man, xy, title, fig("value_manifold"), v["manifold"]))
+    out["figures"] += [plots.plot_logit_lens(lens, title, fig("logit_lens")),
+                       plots.plot_ablations(abl, title, fig("ablations"), v["frame_head"], verdicts.ESSENTIAL,
+                                            verdicts.IN_DISTRIBUTION, verdicts.NOISE_Z)]
     if fp is not None:
         out["figures"].append(plots.plot_frame_precision(fp, title, fig("frame_precision"), v["frame_precision"]))
     write_json(os.path.join(run_dir, "geometry.json"), out)
@@ -128,7 +158,7 @@ def cluster_probe_of(name, cfg, batch, task, cache, seed):
     """Probe 7 where the task names hidden states (its CLUSTERS; else None): the final residual stream at the
     answer rows, of the trained model (cache) and of randomly initialised models of the same family
     (RANDOM_INIT_SEEDS), clustered against the exact posterior (state_clusters.cluster_probe)."""
-    if getattr(task_module(task), "CLUSTERS", None) is None:
+    if getattr(tasks.task(task), "CLUSTERS", None) is None:
         return None
     cols = supervised_columns(batch)
     rows = lambda a: a[:, cols].reshape(-1, a.shape[-1])                   # (n, T, C) -> (N, C)
@@ -144,7 +174,8 @@ STATE_PROBES = ("the final state's PCA with its controls, the cross-validated en
 SKIPPED = "the key frame, attention entropy and query swap, head ablations, frame-precision (they read attention)"
 
 
-def _state_probes(checkpoint_path, params, cfg, meta, task, settings, batch, n_seqs, seed, title, fig, run_dir):
+def _state_probes(checkpoint_path, params, cfg, meta, task, settings, batch, n_seqs, seed, title, fig, run_dir,
+                  skip=None):
     """The probes that read no attention, for a family without it: the manifold probe on the streams its
     forward keeps (cache["resid"], the final state cache["xf"]), the logit lens where it has the shared
     head (lnf.g, lnf.b, unembed.w, unembed.b), the calibration gate, the manifold verdict."""
@@ -156,7 +187,8 @@ def _state_probes(checkpoint_path, params, cfg, meta, task, settings, batch, n_s
     proba = softmax.numpy(logits.astype(np.float64))
     cols = supervised_columns(batch)
     calibration_now = calibration(proba[:, cols], batch["posterior"][:, cols])
-    man, xy = manifold_probe(cache, batch, task, proba=proba)
+    skip = skip or {}
+    man, xy = manifold_probe(cache, batch, task, proba=proba) if "manifold" not in skip else (None, None)
     lens = logit_lens(params, cache, batch) if {"lnf.g", "lnf.b", "unembed.w", "unembed.b"} <= set(params) else None
     out = plain({
         "checkpoint": os.path.abspath(checkpoint_path), "task": task, "settings": settings, "model": name,
@@ -166,10 +198,11 @@ def _state_probes(checkpoint_path, params, cfg, meta, task, settings, batch, n_s
         "probes": STATE_PROBES if lens is not None else STATE_PROBES.replace(", the logit lens", ""),
         "skipped": SKIPPED + ("" if lens is not None else "; the logit lens (no shared head)"),
         "calibration": {**calibration_now, "uniform_kl_bits": uniform_kl_bits(batch)},
-        "authors": {"manifold": man["authors"]}, "manifold": man, "logit_lens": lens,
-        "clusters": cluster_probe_of(name, cfg, batch, task, cache, seed)})
-    out["verdicts"] = v = plain(verdicts.judge(out, claims=("manifold", "state_clusters")))
-    out["figures"] = [plots.plot_manifold(man, xy, title, fig("value_manifold"), v["manifold"])]
+        "authors": {"manifold": man["authors"] if man else None}, "manifold": man, "logit_lens": lens,
+        "clusters": cluster_probe_of(name, cfg, batch, task, cache, seed),
+        **({"skipped_probes": {p: r for p, r in skip.items() if p == "manifold"}} if "manifold" in skip else {})})
+    out["verdicts"] = v = plain(verdicts.judge(out, claims=[c for c in ("manifold", "state_clusters") if c not in skip]))
+    out["figures"] = [plots.plot_manifold(man, xy, title, fig("value_manifold"), v["manifold"])] if man else []
     if lens is not None:
         out["figures"].append(plots.plot_logit_lens(lens, title, fig("logit_lens")))
     write_json(os.path.join(run_dir, "geometry.json"), out)
@@ -187,29 +220,33 @@ def probe_memory_bytes(cfg, meta, n_seqs):
 
 
 def summary(g):
-    """A few lines for the terminal: the verdicts, the authors' definitions, then ours (a family without
-    attention: what was skipped, the manifold and the lens)."""
-    if "skipped" in g:
-        fmt = lambda x: "n/a" if x is None else f"{x:.3f}"
-        m = g["manifold"]["residual_final"]
-        return "\n".join(["verdicts (rules and controls in geometry.json, under verdicts):",
-                          *("  " + v for v in verdicts.lines(g["verdicts"])),
-                          f"probes run on --model {g['model']}: {g['probes']}; skipped: {g['skipped']}",
-                          f"final state: PC1 {m['pc1_variance']:.3f} of the variance, Spearman(PC1, H) "
-                          f"{fmt(m['spearman_pc1_entropy'])}, within a position {fmt(m['mean_within_position_spearman'])}"]
-                         + ([] if g["logit_lens"] is None else ["logit-lens KL by layer (bits): " + ", ".join(
-                             f"{k:.3g}" for k in g["logit_lens"]["kl_bits"])]))
-    a, lines = g["authors"], ["verdicts (rules and controls in geometry.json, under verdicts):",
-                              *("  " + v for v in verdicts.lines(g["verdicts"])), "the authors' definitions:"]
-    k = a["key_frame"]
-    lines.append(f"  layer-0 keys of the {k['hypotheses']} hypotheses, mean|cos| per head "
-                 f"{', '.join(f'{c:.3f}' for c in k['per_head'])} (random init {k['random_init_mean']:.3f}; "
-                 f"head size {k['head_size']}, Welch RMS bound {k['welch_rms_lower_bound']:.3f})")
-    m = a["manifold"]
+    """A few lines for the terminal: the verdicts, the probes a task could not feed, the authors' definitions,
+    then ours (a family without attention: what was skipped, the manifold and the lens)."""
     fmt = lambda x: "n/a" if x is None else f"{x:.3f}"
-    lines.append(f"  final hidden state: PC1 {m['pc1_variance']:.3f} of the variance, best |Pearson| "
-                 f"{fmt(m['best_abs_pearson'])} (PC{m['best_pc']}), R^2 top-5 PCs {fmt(m['r2_top5'])}; position "
-                 f"alone R^2 {fmt(m['r2_position_only'])}, within-position R^2 {fmt(m['mean_within_position_r2_top5'])}")
+    lines = ["verdicts (rules and controls in geometry.json, under verdicts):",
+             *("  " + v for v in verdicts.lines(g["verdicts"]))]
+    lines += [f"skipped: {probe}: {why}" for probe, why in g.get("skipped_probes", {}).items()]
+    if "skipped" in g:
+        lines.append(f"probes run on --model {g['model']}: {g['probes']}; skipped: {g['skipped']}")
+        if g["manifold"] is not None:
+            m = g["manifold"]["residual_final"]
+            lines.append(f"final state: PC1 {m['pc1_variance']:.3f} of the variance, Spearman(PC1, H) "
+                         f"{fmt(m['spearman_pc1_entropy'])}, within a position {fmt(m['mean_within_position_spearman'])}")
+        if g["logit_lens"] is not None:
+            lines.append("logit-lens KL by layer (bits): " + ", ".join(f"{k:.3g}" for k in g["logit_lens"]["kl_bits"]))
+        return "\n".join(lines)
+    a = g["authors"]
+    lines.append("the authors' definitions:")
+    k = a["key_frame"]
+    if k is not None:
+        lines.append(f"  layer-0 keys of the {k['hypotheses']} hypotheses, mean|cos| per head "
+                     f"{', '.join(f'{c:.3f}' for c in k['per_head'])} (random init {k['random_init_mean']:.3f}; "
+                     f"head size {k['head_size']}, Welch RMS bound {k['welch_rms_lower_bound']:.3f})")
+    m = a["manifold"]
+    if m is not None:
+        lines.append(f"  final hidden state: PC1 {m['pc1_variance']:.3f} of the variance, best |Pearson| "
+                     f"{fmt(m['best_abs_pearson'])} (PC{m['best_pc']}), R^2 top-5 PCs {fmt(m['r2_top5'])}; position "
+                     f"alone R^2 {fmt(m['r2_position_only'])}, within-position R^2 {fmt(m['mean_within_position_r2_top5'])}")
     h = a["frame_head"]
     lines.append(f"  frame head by entropy MAE: {h['name']} (+{h['delta_entropy_mae_bits']:.3g} bits), "
                  f"{fmt(h['ratio_to_second'])}x the second ({h['second']})")
@@ -220,15 +257,16 @@ def summary(g):
                      f"({fmt(f['ratio_at_plateau'])}x, ceiling {f['ratio_ceiling']:.2f}x); calibration improves "
                      f"{fmt(f['calibration_gain_after_plateau'])}x after it")
     lines.append("ours:")
-    for recipe, groups in g["key_frame"].items():
+    for recipe, groups in (g["key_frame"] or {}).items():
         for name, s in groups.items():
             lines.append(f"layer-0 frame {recipe:>10} {name:>13}: mean|cos| trained {s['mean_abs_offdiag']:.3f}, "
                          f"random init {s['random_init_mean_abs_offdiag']:.3f}, "
                          f"Gaussian {s['gaussian_mean_abs_offdiag']:.3f}")
-    lines.append("attention entropy by layer (bits): " + ", ".join(
-        f"{l['entropy_bits_mean']:.2f}" for l in g["attention"]["layers"])
-                 + f" (uniform {g['attention']['uniform_entropy_bits']:.2f})")
-    for key in ("attn_out_last", "residual_final"):
+    if g["attention"] is not None:
+        lines.append("attention entropy by layer (bits): " + ", ".join(
+            f"{l['entropy_bits_mean']:.2f}" for l in g["attention"]["layers"])
+                     + f" (uniform {g['attention']['uniform_entropy_bits']:.2f})")
+    for key in ("attn_out_last", "residual_final") if g["manifold"] is not None else ():
         m = g["manifold"][key]
         lines.append(f"manifold {key}: PC1 {m['pc1_variance']:.3f}, PC1+2 {m['pc12_variance']:.3f}, "
                      f"Spearman(PC1, H) {fmt(m['spearman_pc1_entropy'])}")

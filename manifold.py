@@ -202,13 +202,13 @@ def task_of(cfg, meta):
     return task
 
 
-def task_module(task):
-    """The task's module, with every hook the probes read; ValueError in one line naming one it lacks."""
+def task_module(task, *hooks):
+    """The task's module, with the hooks a probe reads; ValueError in one line naming one it lacks
+    (geometry.py skips the probes a task cannot feed before it calls them)."""
     mod = tasks.task(task)
-    missing = [h for h in PROBE_HOOKS if not hasattr(mod, h)]
+    missing = [h for h in hooks if not hasattr(mod, h)]
     if missing:
-        raise ValueError(f"task {task!r} does not provide {missing[0]}, which the geometry probes read "
-                         f"(they need {', '.join(PROBE_HOOKS)})")
+        raise ValueError(f"task {task!r} does not provide {missing[0]}, which this probe reads")
     return mod
 
 
@@ -236,7 +236,7 @@ def supervised_columns(batch):
 
 
 def token_names(task, cfg, tokens):
-    return task_module(task).token_names(cfg, tokens)
+    return task_module(task, "token_names").token_names(cfg, tokens)
 
 
 def position_table(params, cfg, T):
@@ -311,7 +311,7 @@ def gaussian_baseline(n, d, centred=False, draws=GAUSSIAN_DRAWS, seed=0):
 def key_frame_probe(params, cfg, task, tokens):
     """Probe 1: trained cosines beside random initialisations (same recipe) and random Gaussian vectors,
     with the keys' offset, spread and participation ratio."""
-    groups = task_module(task).token_groups(cfg, tokens)
+    groups = task_module(task, "token_groups").token_groups(cfg, tokens)
     hs = cfg.d_model // cfg.n_heads
     inits = [ba.init_params(cfg, s) for s in RANDOM_INIT_SEEDS]
     out, matrices = {}, {}
@@ -343,7 +343,7 @@ def authors_keys(params, cfg, tokens):
 def authors_key_frame(params, cfg, task):
     """Mean |off-diagonal cosine| of the hypothesis keys per layer-0 head, beside random initialisations,
     with the keys' offset and participation ratio."""
-    toks = task_module(task).hypothesis_tokens(cfg)
+    toks = task_module(task, "hypothesis_tokens").hypothesis_tokens(cfg)
     hs = cfg.d_model // cfg.n_heads
     K = authors_keys(params, cfg, toks)
     per_head = [ms.mean_abs_offdiag(ms.cosine_matrix(k)) for k in K]
@@ -399,7 +399,7 @@ def sink_stats(alpha, cols):
 def attention_probe(cache, batch, task, cfg):
     """Probe 2 per layer and head: attention entropy (bits), mass on the evidence positions and on the sink."""
     cols = supervised_columns(batch)
-    masks = task_module(task).evidence_masks(batch["tokens"], cols)
+    masks = task_module(task, "evidence_masks").evidence_masks(batch["tokens"], cols)
     has_evidence = masks["consistent"].any(-1)                      # (n, P)
     uniform_h = np.log2(cols + 1.0)                                  # (P,) entropy of uniform causal attention
     uniform_mass = masks["consistent"].sum(-1) / (cols + 1.0)       # (n, P) mass of uniform attention on the evidence
@@ -432,7 +432,7 @@ def row_tv(a, b):
 def query_swap(params, cfg, batch, task, n=SWAP_SEQS, seed=0):
     """The query-swap control of probe 2 (DEFINITIONS "query_swap") -> per layer: swap TV, between-sequence TV
     and their ratio, per head and as the mean over heads."""
-    mod, cols = task_module(task), supervised_columns(batch)
+    mod, cols = task_module(task, "swap_query"), supervised_columns(batch)
     tokens = batch["tokens"][:n]
     rng = np.random.default_rng((PROBE_SEED, seed, 1))
     _, base = ba.forward(params, tokens, cfg)
@@ -544,7 +544,7 @@ def readout_baselines(h, pos, seq, split=None, graded=None, q=None):
 def manifold_rows(batch, task):
     """-> cols, and the answer rows flattened: h (N,), pos (N,), seq (N,), split (N,) or None, graded (N,),
     and the split's name."""
-    mod, cols = task_module(task), supervised_columns(batch)
+    mod, cols = task_module(task, "row_split", "graded_rows"), supervised_columns(batch)
     n = len(batch["tokens"])
     h = wt.entropy_bits(batch["posterior"][:, cols]).reshape(-1)    # (N,)
     pos = np.tile(cols, n)                                           # (N,)
@@ -738,7 +738,7 @@ def ablations(params, cfg, batch, clean=None, methods=ABLATIONS):
 
 def frame_matrix(params, task, cfg):
     """F = LN1(wte[h]) over the hypothesis tokens h: (n, C), the authors' 'embedding' frame."""
-    return token_frame(params, task_module(task).hypothesis_tokens(cfg))
+    return token_frame(params, task_module(task, "hypothesis_tokens").hypothesis_tokens(cfg))
 
 
 def snapshot_state(params, cfg, batch, task):

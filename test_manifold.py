@@ -666,3 +666,26 @@ def test_a_task_whose_rows_are_all_ungraded_is_probed_without_the_graded_control
     assert out["readout_r2"] > 0.9                               # H is the first column: read back held out
     base = readout_baselines(h, pos, seq, split, none)
     assert "position_graded" not in base and base["split"] > 0.999       # (a ridge readout: not exactly 1)
+
+
+def test_a_task_without_some_hooks_has_those_probes_skipped_and_the_others_run(tmp_path, monkeypatch):
+    """The bijection without evidence_masks and swap_query (what the sharpening probe reads; frame-precision
+    reads evidence_masks too) and token_names (the attention maps): the key frame, manifold, lens and
+    ablations run and are judged; sharpening and frame-precision are neither measured nor judged, and each
+    skip is named in one line."""
+    import bijection
+    for hook in ("evidence_masks", "swap_query", "token_names"):
+        monkeypatch.delattr(bijection, hook)
+    cfg = tiny_config(dtype="float32")
+    run = write_run(tmp_path, cfg, {"task": "bijection", "replacement": False})
+    g = geometry.analyze(str(run / "checkpoint.npz"), fig_dir=str(tmp_path / "figs"), n_seqs=12, seed=0)
+    assert g["attention"] is None and g["frame_precision"] is None and "sharpening" not in g["verdicts"]
+    assert set(g["verdicts"]) == set(verdicts.CLAIMS) - {"state_clusters", "sharpening", "frame_precision"}
+    assert g["skipped_probes"] == {"sharpening": "the task provides no evidence_masks, swap_query",
+                                   "frame_precision": "the task provides no evidence_masks",
+                                   "attention_maps": "the task provides no token_names"}
+    assert all(g[k] is not None for k in ("key_frame", "manifold", "logit_lens", "ablations"))
+    assert len(g["figures"]) == 4                                         # 7 less the three skipped
+    text = geometry.summary(g)
+    assert "skipped: sharpening: the task provides no evidence_masks, swap_query" in text
+    assert "attention entropy by layer" not in text

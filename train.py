@@ -391,6 +391,8 @@ def token_run(args, sizes, cfg):
             print(f"geometry: {os.path.join(args.out, 'geometry.json')} and {args.figures}/geometry_*.png; the "
                   f"verdicts (python geometry.py {os.path.join(args.out, 'checkpoint.npz')} prints every number):")
             print("\n".join("  " + line for line in verdicts.lines(g["verdicts"])))
+            for probe, why in g.get("skipped_probes", {}).items():
+                print(f"geometry: skipped {probe}: {why}")
             if "skipped" in g:
                 print(f"geometry: skipped for --model {args.model}: {g['skipped']}")
     for name, m in results.items():
