@@ -13,6 +13,10 @@ Layouts (--layout): "store" (default): stored keys drawn without replacement, su
 only. "pilot" (the authors' binding pilot): stored keys drawn with replacement, supervised also at every
 stored key (one-hot where that key was stored before, uniform where it is new), then the queries.
 
+A curriculum (--recall-curriculum P:S,...) stores P pairs before training step S (the positions the other pairs
+would fill hold filler, so T is the same); the posterior stays exact, since it depends on the pairs stored,
+not on how the queries were chosen (a query whose pool runs short takes the other one).
+
 Answer groups (evaluation.group_metrics): "stored" (one-hot posteriors) and "not stored" (uniform).
 
 Tokens: key k is token k, value v is token n_keys + v, then STORE, SEP, QUERY, FILL.
@@ -23,7 +27,7 @@ import numpy as np
 import windtunnels as wt
 
 SETTINGS = {"pairs": 8, "n_keys": 32, "n_values": 32, "filler": 8, "queries": 4, "p_unstored": 0.5,
-            "layout": "store"}
+            "layout": "store", "pair_curriculum": ""}
 LAYOUTS = ("store", "pilot")
 TINY = {"train": {"pairs": 2, "n_keys": 5, "n_values": 4, "filler": 2, "queries": 2},     # 14 positions
         "grad": {"pairs": 2, "n_keys": 5, "n_values": 4, "filler": 2, "queries": 2}}
@@ -63,6 +67,14 @@ def check_p(p, s):
     return None if 0.0 <= p <= 1.0 else "a probability must lie in [0, 1]"
 
 
+def check_curriculum(text, s):
+    try:
+        stages = wt.parse_stages(text, s.get("pairs") or SETTINGS["pairs"], "pairs", "2:1000,4:2000")
+    except ValueError as e:
+        stages = e
+    return wt.check_stages(stages, s.get("steps"))
+
+
 def check_layout(layout, s):
     return None if layout in LAYOUTS else f"allowed are {', '.join(LAYOUTS)}"
 
@@ -82,7 +94,10 @@ FLAGS = {"--pairs": dict(setting="pairs", type=int, check=check_pairs,
                             help="recall: the probability that a query asks a key not stored (default 0.5)"),
          "--layout": dict(setting="layout", type=str, check=check_layout,
                           help="recall: store (keys without replacement, answers at the queries) or pilot (keys "
-                               "with replacement, answers also at every stored key; the authors' pilot)")}
+                               "with replacement, answers also at every stored key; the authors' pilot)"),
+         "--recall-curriculum": dict(setting="pair_curriculum", type=str, check=check_curriculum, quote=True,
+                                     help="recall: fewer stored pairs first, stages pairs:until_step (e.g. "
+                                          "2:1000,4:2000); the targets stay exact (default: none)")}
 PRESETS = {
     # the model's sizes are its family's (models.py: PRESETS)
     "quick":   dict(batch=16, steps=60, lr=3e-3, warmup=10),
@@ -101,7 +116,13 @@ def sizes(s):
 
 
 def sample(rng, n, s, step=None):
-    return batch(rng, n, **s)
+    """n sequences; the training loop passes its step, which picks the curriculum's number of pairs (held-out
+    sets pass none and see the task itself)."""
+    fields = {k: v for k, v in s.items() if k != "pair_curriculum"}
+    pairs = wt.stage_at(wt.parse_stages(s["pair_curriculum"], s["pairs"], "pairs", ""), step)
+    if pairs is not None:                                  # fewer pairs, their places filler: the same T
+        fields.update(pairs=pairs, filler=s["filler"] + 4 * (s["pairs"] - pairs))
+    return batch(rng, n, **fields)
 
 
 def prior_gap_bits(s, n=20_000, seed=0):
@@ -113,7 +134,7 @@ def prior_gap_bits(s, n=20_000, seed=0):
     if s["layout"] == "store":
         return float((1.0 - s["p_unstored"]) * log_v)
     new = ((s["n_keys"] - 1) / s["n_keys"]) ** np.arange(s["pairs"])            # (P,)
-    b = batch(np.random.default_rng(seed), n, **s)
+    b = sample(np.random.default_rng(seed), n, s)
     answers = b["posterior"][b["mask"] > 0].reshape(n, s["pairs"] + s["queries"], -1)   # (n, P + Q, V) in order
     h_queries = wt.entropy_bits(answers[:, s["pairs"]:])                             # (n, Q)
     h = np.r_[new * log_v, h_queries.mean(0)]

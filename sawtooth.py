@@ -14,6 +14,7 @@ Notation: n sequences, T = 2 n_pairs + 1 tokens, V keys (= values), n_pairs pair
 import numpy as np
 
 import bijection
+import windtunnels as wt
 
 ANSWER_LABEL = "key index i (pairs seen = i - 1)"   # what the figures call the i-th answer
 SETTINGS = {"V": 20, "curriculum": ""}
@@ -23,18 +24,7 @@ TINY = {"train": {"V": 4}, "grad": {"V": 7}}   # the conformance tests' shapes: 
 def parse_curriculum(text, V):
     """"A:S,A2:S2,..." -> [(S, A), ...]: keys from A-key alphabets before step S, then A2 before S2, ...;
     after the last stage, the task itself (all V keys). "" or None -> []. ValueError if malformed."""
-    stages = []
-    for part in (text or "").split(","):
-        if not part.strip():
-            continue
-        try:
-            A, S = (int(x) for x in part.split(":"))
-        except ValueError:
-            raise ValueError("expected stages alphabet:until_step, e.g. 5:2500,10:4000") from None
-        if not 1 <= A <= V or S < 1 or (stages and S <= stages[-1][0]):
-            raise ValueError(f"each alphabet must lie in 1..{V} and the steps must increase")
-        stages.append((S, A))
-    return stages
+    return wt.parse_stages(text, V, "alphabet", "5:2500,10:4000")
 
 
 def check_curriculum(text, s):
@@ -43,10 +33,8 @@ def check_curriculum(text, s):
     try:
         stages = parse_curriculum(text, s["V"])
     except ValueError as e:
-        return str(e)
-    if stages and s.get("steps") and stages[-1][0] >= s["steps"]:
-        return f"its last stage ends at step {stages[-1][0]}, not before the run's end (--steps {s['steps']})"
-    return None
+        stages = e
+    return wt.check_stages(stages, s.get("steps"))
 
 
 FLAGS = {"--V": bijection.FLAGS["--V"],
@@ -78,10 +66,7 @@ def sizes(s):
 
 def curriculum_alphabet(stages, step):
     """The key alphabet at this step (None: all keys, the task itself; also when step is None)."""
-    for until, A in stages:
-        if step is not None and step < until:
-            return A
-    return None
+    return wt.stage_at(stages, step)
 
 
 def sample(rng, n, s, step=None):

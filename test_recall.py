@@ -43,7 +43,7 @@ def test_the_sampler_keeps_its_rules():
     sit at different positions in different rows; the groups split the answers by their posterior."""
     s = tasks.settings("recall")
     n = 2000
-    b = recall.batch(np.random.default_rng(0), n, **s)
+    b = recall.sample(np.random.default_rng(0), n, s)
     K, P, Q = s["n_keys"], s["pairs"], s["queries"]
     keys = b["tokens"][:, 1:4 * P:4]
     assert all(len(set(r)) == P for r in keys)
@@ -71,7 +71,7 @@ def test_the_prior_gap_is_what_a_uniform_predictor_scores(layout, gap):
     s = tasks.settings("recall", {"layout": layout})
     if gap is not None:
         assert tasks.prior_gap_bits("recall", s) == gap
-    b = recall.batch(np.random.default_rng(7), 4000, **s)
+    b = recall.sample(np.random.default_rng(7), 4000, s)
     uniform = lambda tok: np.full(tok.shape + (s["n_values"],), 1 / s["n_values"])
     m = evaluation.evaluate(uniform, b)[0]
     assert m["entropy_mae_bits"] == pytest.approx(tasks.prior_gap_bits("recall", s), abs=0.05)
@@ -116,3 +116,26 @@ def test_bad_settings_get_one_line(argv, message, capsys):
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and err.startswith("train.py: error: " + message), err
     assert len(err.splitlines()) == 1
+
+
+def test_a_pair_curriculum_stores_fewer_pairs_first_at_the_same_length():
+    """--recall-curriculum 2:100: before step 100 two pairs are stored (their places filler, T unchanged), the
+    posterior still exact (a query is one-hot exactly when its key is among the two); from step 100 and on
+    held-out sets (no step), the task itself."""
+    s = tasks.settings("recall", {"pair_curriculum": "2:100"})
+    STORE = recall.tokens_of(s["n_keys"], s["n_values"])[0]
+    early, late, held = (recall.sample(np.random.default_rng(0), 50, s, step) for step in (99, 100, None))
+    assert early["tokens"].shape == late["tokens"].shape == (50, tasks.sizes("recall", s)["max_len"])
+    assert np.all((early["tokens"] == STORE).sum(1) == 2) and np.all((late["tokens"] == STORE).sum(1) == 8)
+    assert np.all((held["tokens"] == STORE).sum(1) == 8)
+    for row in range(50):
+        tok = early["tokens"][row]
+        stored = dict(zip(tok[1:8:4], tok[3:8:4] - s["n_keys"]))
+        for t in np.flatnonzero(early["mask"][row]):
+            one_hot = early["posterior"][row, t].max() == 1.0
+            assert one_hot == (tok[t] in stored)
+            if one_hot:
+                assert early["posterior"][row, t].argmax() == stored[tok[t]]
+    import train
+    with pytest.raises(SystemExit):
+        train.parse_args(["--task", "recall", "--recall-curriculum", "9:100"])      # more pairs than stored

@@ -44,6 +44,42 @@ def rows_of(batch, rows):
     return {k: ({g: m[rows] for g, m in v.items()} if k == "groups" else v[rows]) for k, v in batch.items()}
 
 
+def parse_stages(text, top, what, example):
+    """A curriculum "A:S,A2:S2,..." -> [(S, A), ...]: the value A (an alphabet, a number of pairs) before step
+    S, then A2 before S2, ...; after the last stage, the task itself. "" or None -> []. ValueError in one
+    line if malformed: each value in 1..top, the steps increasing."""
+    stages = []
+    for part in (text or "").split(","):
+        if not part.strip():
+            continue
+        try:
+            A, S = (int(x) for x in part.split(":"))
+        except ValueError:
+            raise ValueError(f"expected stages {what}:until_step, e.g. {example}") from None
+        if not 1 <= A <= top or S < 1 or (stages and S <= stages[-1][0]):
+            raise ValueError(f"each {what} must lie in 1..{top} and the steps must increase")
+        stages.append((S, A))
+    return stages
+
+
+def stage_at(stages, step):
+    """The curriculum's value at this training step (None: the task itself; also when step is None)."""
+    for until, A in stages:
+        if step is not None and step < until:
+            return A
+    return None
+
+
+def check_stages(stages_or_error, steps):
+    """What is wrong with a parsed curriculum (or the parser's ValueError), or None; with the run's steps
+    known, a curriculum that lasts the whole run (the task itself never trained) is wrong too."""
+    if isinstance(stages_or_error, ValueError):
+        return str(stages_or_error)
+    if stages_or_error and steps and stages_or_error[-1][0] >= steps:
+        return f"its last stage ends at step {stages_or_error[-1][0]}, not before the run's end (--steps {steps})"
+    return None
+
+
 def sample_categorical(rng, p):
     """One draw per row of p by inverting the CDF: (..., k) -> (...) int64."""
     cdf = np.cumsum(p, axis=-1)  # (..., k)
