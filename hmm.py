@@ -66,8 +66,8 @@ def held_out_key(s):
 
 VARIANTS = "length_generalization"      # the metrics key of the held-out sets variants() makes, by label
 VARIANT_FORMAT = "K = {}"               # how a label reads in tables and figures
-VARIANT_TITLE = ("HMM: length generalisation (past the training length, the last\ntrained position's embedding "
-                 "is reused)")
+VARIANT_TITLE = ("HMM: length generalisation (past the training length a transformer\nreuses its last trained "
+                 "position's embedding)")
 
 
 def prior_gap_bits(s, n=100_000, seed=0):

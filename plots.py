@@ -53,7 +53,10 @@ def plot_calibration(results, task, label, path):
     ax.set_ylabel("predictive entropy (bits)\n(mean over held-out sequences)")
     ax.set_ylim(bottom=0)
     ax.set_title(f"{task}: model entropy against the exact posterior")
-    ax.legend(frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=len(results) + 1, fontsize=8)
+    if len(results) <= 2:                                    # one row below the panel
+        ax.legend(frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=len(results) + 1, fontsize=8)
+    else:                                                    # more runs (compare.py): inside, where the curves fall
+        ax.legend(frameon=False, loc="lower left", fontsize=7)
     err.set_ylabel("|H_model - H_Bayes| (bits)")
     err.set_xlabel(label)
     err.grid(alpha=0.3, which="major")
@@ -138,6 +141,30 @@ def plot_primitives(rows, path, good, partial, primitive=None):
     fig.colorbar(im, ax=ax, label="score: 1 - KL(model) / KL(uniform)")
     ax.set_title(f"the primitives, measured (per seed; mark: {good:g} and above, ~ from {partial:g}, "
                  f"below it a cross)", fontsize=9)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_variants_across(runs, path, label_format="{}", xlabel="answer index i", title="held-out variants"):
+    """runs {label: variant_curves(...)}: KL by answer index, one colour per run, one line style per variant
+    (the HMM: K = 20 solid, 30 dashed, 50 dotted), the first variant's last answer marked."""
+    plt = _plt()
+    from matplotlib.ticker import MaxNLocator
+    fig, ax = plt.subplots(figsize=(7.2, 4.6))
+    styles = ["-", "--", ":", "-."]
+    for c, (name, curves) in enumerate(runs.items()):
+        for s, (label, m) in enumerate(curves.items()):
+            ax.semilogy([r["position"] for r in m["per_position"]], [max(r["kl"], 1e-7) for r in m["per_position"]],
+                        styles[s % len(styles)], color=f"C{c}", lw=1.5,
+                        label=f"{name}, {label_format.format(label)} (mean {m['kl_bits']:.2g} bits)")
+    first = next(iter(next(iter(runs.values())).values()))
+    ax.axvline(len(first["per_position"]), color="gray", ls=":", lw=1)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("KL(posterior || model) (bits)")
+    ax.set_title(title, fontsize=10)
+    ax.legend(frameon=False, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    ax.grid(alpha=0.3, which="major")
     fig.tight_layout()
     return _save(fig, path)
 
