@@ -166,6 +166,12 @@ def attention_flops(cfg, B, T):
     return 3 * cfg.n_layers * 2 * pairs * (cfg.d_model // cfg.n_heads) * 2
 
 
+def state_floats(cfg, T):
+    """Floats carried from one position to the next on a sequence of T tokens: every layer's keys and values of
+    every position so far (a cache that grows with the length; models.state_floats)."""
+    return 2 * cfg.n_layers * cfg.d_model * T
+
+
 def step_flops(cfg, B, T):
     """Floating-point operations of one training step: the layers' matrix products and attention's, forward
     and backward (the backward twice the forward: dx and dw)."""

@@ -158,6 +158,11 @@ def step_memory_bytes(cfg, B, T):
     return itemsize * (L * 2 * 10 * B * T * C + 4 * params + 3 * B * T * cfg.n_classes)
 
 
+def state_floats(cfg, T):
+    """Floats carried from one position to the next: every layer's h and c (fixed, whatever T)."""
+    return 2 * cfg.n_layers * cfg.d_model
+
+
 def step_flops(cfg, B, T):
     """Floating-point operations of one training step: per layer and token the gate product [x, h] W
     (2 x 2C x 4C) and about 30C elementwise operations for the gates and the cell, the head's product;

@@ -178,6 +178,13 @@ def step_memory_bytes(cfg, B, T):
     return itemsize * (L * per_block + 4 * params + 3 * B * T * cfg.n_classes)
 
 
+def state_floats(cfg, T):
+    """Floats carried from one position to the next: every layer's scan state (E d channels x N) and its
+    convolution's window (d_conv - 1 inputs of E d channels): fixed, whatever T."""
+    inner = cfg.expand * cfg.d_model
+    return cfg.n_layers * (inner * cfg.d_state + (cfg.d_conv - 1) * inner)
+
+
 def step_flops(cfg, B, T):
     """Floating-point operations of one training step: per block and token the four projections' products
     (2 C 2D, 2 D (R + 2N), 2 R D, 2 D C), the convolution (2 W D) and the scan (about 6 D N: the decay's

@@ -110,9 +110,10 @@ def argv(cell, preset, run_dir, size=None):
     a = [sys.executable, "train.py", "--task", cell["task"], "--model", cell["family"], "--preset", preset,
          "--seed", str(cell["seed"]), "--threads", "1", "--no-baseline", "--no-geometry", "--quiet", "--out", run_dir]
     a += ["--soft"] if cell["task"] in SOFT else []
+    a += cell.get("flags", [])                                    # a sweep point's settings
     if size is not None and cell["layers"]:
         a += ["--layers", str(cell["layers"]), "--width", str(size[1])]
-    elif size is not None and cell["family"] != "transformer":
+    elif size is not None and (cell["family"] != "transformer" or cell.get("match_all")):
         a += ["--params", str(size[0])]
     if os.path.exists(os.path.join(run_dir, "checkpoint.npz")):
         a += ["--resume"]                                          # an interrupted cell continues
@@ -121,18 +122,71 @@ def argv(cell, preset, run_dir, size=None):
     return a
 
 
+def sits_out(run_dir, returncode):
+    """train.py's one line when it refused a cell's parameter count (exit code 2, nothing written), else None."""
+    if returncode != 2 or os.path.exists(os.path.join(run_dir, "checkpoint.npz")):
+        return None
+    with open(run_dir + ".log") as f:
+        lines = [l.strip() for l in f if l.startswith("train.py: error: --params")]
+    return lines[-1][len("train.py: error: "):] if lines else None
+
+
 def finished(run_dir):
     path = os.path.join(run_dir, "metrics.json")
     return json.load(open(path)) if os.path.exists(path) else None
 
 
 # ----------------------------------------------------------------------------
+# the recall sweeps: where a fixed-size state stops holding the pairs (capacity), and whether it is the
+# distance (filler), each family at the transformer's recall parameter count (the transformer too, --params)
+
+CAPACITY_PAIRS = (4, 8, 16, 32, 64)
+FILLERS = (0, 8, 32, 128)                 # at the default 8 pairs
+STAGES = ((500, 2), (1500, 4), (2500, 8), (3500, 16), (4500, 32))   # the pair curriculum: pairs before step
+FLAT = (0.01, 0.05)                       # converged: the last tenth of training lowers the excess loss by less
+                                          # than 0.01 bits or 5% of the tenth before (fixed before the sweeps)
+
+
+def capacity_flags(pairs):
+    """A capacity point's train.py flags: the pairs, a key alphabet of twice them (at least 32), the pair
+    curriculum's stages below them, and 2,500 steps past its last stage (at least the default 4,000)."""
+    stages = [(until, A) for until, A in STAGES if A < pairs]
+    steps = max(4000, (stages[-1][0] if stages else 0) + 2500)
+    return ["--pairs", str(pairs), "--keys", str(max(32, 2 * pairs)), "--steps", str(steps),
+            "--recall-curriculum", ",".join(f"{A}:{until}" for until, A in stages)]
+
+
+def sweep_cells(sweep, seeds=(0,)):
+    """The cells of a sweep ("capacity" or "filler"), every family, as the matrix's cells."""
+    points = ([(f"pairs{p}", capacity_flags(p)) for p in CAPACITY_PAIRS] if sweep == "capacity" else
+              [(f"filler{f}", ["--filler", str(f)]) for f in FILLERS])
+    return [dict(task="recall", family=family, layers=None, seed=seed, flags=flags, match_all=True, point=point,
+                 name=f"recall-{family}-{point}-s{seed}")
+            for point, flags in points for family in models.FAMILIES for seed in seeds]
+
+
+def converged(log_csv):
+    """Whether a run's training loss had flattened (FLAT) over its last tenth, from its log.csv: the mean
+    excess loss (loss_bits - bayes_loss_bits) of the last tenth of the steps against the tenth before."""
+    import numpy as np
+    d = np.genfromtxt(log_csv, delimiter=",", names=True)
+    excess = d["loss_bits"] - d["bayes_loss_bits"]
+    n = len(excess) // 10
+    if n < 1:
+        return False
+    before, last = excess[-2 * n:-n].mean(), excess[-n:].mean()
+    return bool(before - last < max(FLAT[0], FLAT[1] * before))
+
+
+# ----------------------------------------------------------------------------
 # running them
 
-def run(preset="default", out=os.path.join("runs", "matrix"), seeds=None, jobs=2, log=print):
-    """Train every cell not yet finished, `jobs` at a time, one progress line per cell. -> {name: metrics}."""
-    todo = cells(preset, seeds)
-    sizes = {t: transformer_size(t, preset) for t in tasks.TASKS} if preset != "quick" else {}
+def run(preset="default", out=os.path.join("runs", "matrix"), seeds=None, jobs=2, log=print, todo=None):
+    """Train every cell (default: the preset's matrix; todo: a sweep's) not yet finished, `jobs` at a time, one
+    progress line per cell. -> {name: metrics}; a cell whose family cannot be sized to the count sits out:
+    {name: {"sits_out": train.py's one line}}."""
+    todo = cells(preset, seeds) if todo is None else todo
+    sizes = {t: transformer_size(t, preset) for t in {c["task"] for c in todo}} if preset != "quick" else {}
     os.makedirs(out, exist_ok=True)
     env = {**os.environ, "NUMBA_NUM_THREADS": "1"}
     here = os.path.dirname(os.path.abspath(__file__))
@@ -161,6 +215,11 @@ def run(preset="default", out=os.path.join("runs", "matrix"), seeds=None, jobs=2
                 running.remove(item)
                 logf.close()
                 m = finished(os.path.join(out, c["name"]))
+                reason = sits_out(os.path.join(out, c["name"]), p.returncode)
+                if reason:
+                    results[c["name"]] = {"sits_out": reason}
+                    log(f"{c['name']}: sits out: {reason}")
+                    continue
                 if p.returncode != 0 or m is None:
                     raise RuntimeError(f"cell {c['name']} failed (exit code {p.returncode}): see "
                                        f"{os.path.join(out, c['name'])}.log")
@@ -188,15 +247,55 @@ def table(results, preset, seeds=None):
         if m is None:
             continue
         key = (c["task"], c["family"], c["layers"])
+        if "sits_out" in m:
+            rows[key] = dict(task=c["task"], family=c["family"], layers=c["layers"], params=0, steps=0, kl=[],
+                             score=[], sits_out=m["sits_out"])
+            continue
         r = rows.setdefault(key, dict(task=c["task"], family=c["family"], layers=c["layers"], params=m["params"],
                                       steps=m["steps"], kl=[], score=[]))
         r["kl"].append(m["kl_bits"])
         r["score"].append(score(m))
     for r in rows.values():
+        if "sits_out" in r:
+            r.update(verdict="sits out", authors=None, agreement=None)
+            continue
         r["verdict"] = verdict(r["score"])
         r["authors"] = None if r["layers"] else AUTHORS.get(r["family"], {}).get(PRIMITIVE[r["task"]])
         r["agreement"] = None if r["layers"] else against_authors(r["family"], r["task"], r["verdict"])
     return list(rows.values())
+
+
+def sweep_table(results, cells_, out):
+    """A sweep's rows: dict(family, point, params, kl, score, converged, state_floats) per cell, or sits_out."""
+    rows = []
+    for c in cells_:
+        mm = results.get(c["name"])
+        if mm is None:
+            continue
+        row = dict(family=c["family"], point=c["point"], seed=c["seed"])
+        if "sits_out" in mm:
+            rows.append({**row, "sits_out": mm["sits_out"]})
+            continue
+        cfg = models.config_from_dict(c["family"], mm["config"])
+        rows.append({**row, "params": mm["params"], "steps": mm["steps"], "kl": mm["kl_bits"], "score": score(mm),
+                     "stored_accuracy": mm.get("groups", {}).get("stored", {}).get("accuracy"),
+                     "converged": converged(os.path.join(out, c["name"], "log.csv")),
+                     "state_floats": models.state_floats(c["family"], cfg, mm["config"]["max_len"])})
+    return rows
+
+
+def sweep_lines(rows):
+    head = f"{'family':<12}{'point':<10}{'params':>9}{'steps':>7}{'KL (bits)':>11}{'score':>8}{'stored acc.':>12}  {'state':>9}  flat"
+    out = [head, "-" * len(head)]
+    for r in rows:
+        if "sits_out" in r:
+            out.append(f"{r['family']:<12}{r['point']:<10}  sits out: {r['sits_out']}")
+            continue
+        acc = "" if r["stored_accuracy"] is None else f"{r['stored_accuracy']:.3f}"
+        out.append(f"{r['family']:<12}{r['point']:<10}{r['params']:>9,}{r['steps']:>7}{r['kl']:>11.4g}{r['score']:>8.3f}"
+                   f"{acc:>12}  {r['state_floats'] if r['state_floats'] is not None else 'n/a':>9}  "
+                   f"{'yes' if r['converged'] else 'no (unconverged)'}")
+    return out
 
 
 def lines(rows):
@@ -217,9 +316,22 @@ def main(argv_=None):
     p.add_argument("--seeds", type=int, nargs="+", default=None, help="default: the preset's (quick 0; default 0 1)")
     p.add_argument("--jobs", type=int, default=2, help="cells at a time (default 2, one per core)")
     p.add_argument("--figures", default="figures", help="where primitives.png goes (default figures)")
+    p.add_argument("--sweep", choices=("capacity", "filler"), help="instead of the matrix: the recall sweep over the "
+                   "stored pairs (4 to 64) or the filler (0 to 128), every family at the transformer's count")
     a = p.parse_args(argv_)
     if a.jobs < 1:
         p.error(f"--jobs {a.jobs}: allowed are 1 or more")
+    if a.sweep:
+        out = a.out or os.path.join("runs", f"sweep-{a.sweep}")
+        todo = sweep_cells(a.sweep, tuple(a.seeds or (0,)))
+        rows = sweep_table(run("default", out, jobs=a.jobs, todo=todo), todo, out)
+        with open(os.path.join(out, f"sweep-{a.sweep}.json"), "w") as f:
+            json.dump(dict(sweep=a.sweep, flat=FLAT, rows=rows), f, indent=1)
+        print("\n".join(sweep_lines(rows)))
+        import plots
+        os.makedirs(a.figures, exist_ok=True)
+        print(plots.plot_sweep(rows, os.path.join(a.figures, f"recall-{a.sweep}.png"), a.sweep))
+        return
     out = a.out or os.path.join("runs", "matrix" + ("-quick" if a.preset == "quick" else ""))
     results = run(a.preset, out, a.seeds, a.jobs)
     rows = table(results, a.preset, a.seeds)

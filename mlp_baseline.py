@@ -109,6 +109,12 @@ def param_shapes(cfg):
     return shapes
 
 
+def state_floats(cfg, T):
+    """Floats carried from one position to the next: none for the authors' MLP (one token and its position);
+    the prefix MLP reads the whole prefix as its one-hot grid, T x vocab_size."""
+    return 0 if cfg.inputs == "token" else T * cfg.vocab_size
+
+
 def step_flops(cfg, B, T):
     """Floating-point operations of one training step: the blocks' and the head's matrix products, forward and
     backward (the input layer is a gather and a cumulative sum, not a product)."""

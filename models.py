@@ -17,6 +17,8 @@ and, where it has them (a documented default applies where it does not):
     step_flops(cfg, B, T) -> int               the floating-point operations of one training step (the
                                                progress bar's estimate of the time left); default:
                                                6 x parameters x B x T
+    state_floats(cfg, T) -> int                floats carried from one position to the next on T tokens (the
+                                               recall sweep's state size); default: not stated (None)
     upgrade_fields(fields) -> fields           reads the config fields of older checkpoints
     FLAGS = {flag: dict(field, type, help[, check])}   command-line flags of the family's own Config
                                                fields (check(value, args) -> what is wrong or None;
@@ -183,6 +185,13 @@ def step_flops(name, cfg, B, T):
     if hasattr(mod, "step_flops"):
         return int(mod.step_flops(cfg, B, T))
     return 6 * count_params(param_shapes(name, cfg)) * B * T
+
+
+def state_floats(name, cfg, T):
+    """Floats the family carries from one position to the next on a sequence of T tokens, or None where its
+    module does not say."""
+    mod = module(name)
+    return int(mod.state_floats(cfg, T)) if hasattr(mod, "state_floats") else None
 
 
 class CapacityError(ValueError):

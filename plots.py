@@ -169,6 +169,36 @@ def plot_variants_across(runs, path, label_format="{}", xlabel="answer index i",
     return _save(fig, path)
 
 
+def plot_sweep(rows, path, sweep):
+    """A recall sweep (matrix.sweep_table rows): each family's score against the stored pairs (capacity) or the
+    filler (distance), a hollow marker where the run had not converged, each point labelled with the floats
+    its family carries from step to step; the families that sit a point out named in the legend."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7.6, 4.6))
+    key = "pairs" if sweep == "capacity" else "filler"
+    x_of = lambda r: int(r["point"][len(key):])
+    for c, fam in enumerate(dict.fromkeys(r["family"] for r in rows)):
+        mine = sorted((r for r in rows if r["family"] == fam), key=x_of)
+        ran = [r for r in mine if "sits_out" not in r]
+        out = [x_of(r) for r in mine if "sits_out" in r]
+        label = fam + (f" (sits out at {', '.join(map(str, out))})" if out else "")
+        ax.plot([x_of(r) for r in ran], [r["score"] for r in ran], "-", color=f"C{c}", label=label)
+        for r in ran:
+            ax.plot(x_of(r), r["score"], "o", color=f"C{c}", mfc=f"C{c}" if r["converged"] else "white")
+            if r["state_floats"] is not None:
+                ax.annotate(f"{r['state_floats']:,}", (x_of(r), r["score"]), fontsize=6, xytext=(3, 3),
+                            textcoords="offset points", color=f"C{c}")
+    ax.set_xscale("symlog" if key == "filler" else "log", base=2)
+    ax.set_xlabel("stored pairs" if key == "pairs" else "longest filler run (8 pairs)")
+    ax.set_ylabel("score: 1 - KL(model) / KL(uniform)")
+    ax.set_title(f"recall: {'capacity' if key == 'pairs' else 'distance'} (numbers: floats carried from step to "
+                 f"step; hollow: not converged)", fontsize=9)
+    ax.legend(frameon=False, fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
 # ----------------------------------------------------------------------------
 # the geometry probes (manifold.py)
 

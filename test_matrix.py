@@ -97,3 +97,68 @@ def test_a_failing_cell_names_its_log(tmp_path, monkeypatch):
     monkeypatch.setattr(matrix, "argv", lambda *a, **k: [sys.executable, "-c", "raise SystemExit(2)"])
     with pytest.raises(RuntimeError, match=r"cell bijection-mlp-s0 failed \(exit code 2\): see .*bijection-mlp-s0.log"):
         matrix.run("quick", str(tmp_path), log=lambda s: None)
+
+
+def test_the_capacity_points_and_the_sweep_cells():
+    """64 pairs: keys 2 x 64 = 128, the curriculum's stages below 64, 2,500 steps past the last (4,500)."""
+    assert matrix.capacity_flags(64) == ["--pairs", "64", "--keys", "128", "--steps", "7000", "--recall-curriculum",
+                                         "2:500,4:1500,8:2500,16:3500,32:4500"]
+    assert matrix.capacity_flags(4) == ["--pairs", "4", "--keys", "32", "--steps", "4000", "--recall-curriculum", "2:500"]
+    cells = matrix.sweep_cells("capacity")
+    assert len(cells) == len(matrix.CAPACITY_PAIRS) * len(models.FAMILIES)
+    t = next(c for c in cells if c["name"] == "recall-transformer-pairs16-s0")
+    a = matrix.argv(t, "default", "/nonexistent/x", (109_600, 64))
+    assert a[a.index("--params") + 1] == "109600" and a[a.index("--pairs") + 1] == "16"   # the transformer matched too
+    assert [c["point"] for c in matrix.sweep_cells("filler")][::len(models.FAMILIES)] == ["filler0", "filler8",
+                                                                                          "filler32", "filler128"]
+
+
+def test_a_run_is_converged_when_its_last_tenth_is_flat(tmp_path):
+    """Excess loss per step: falling from 1.0 to 0.0 over 100 steps: the last tenth's mean (0.045) is 0.1 below
+    the tenth before's (0.146): not flat. Constant 0.1: flat. 0.105 then 0.1 (0.005 below, under 0.01): flat."""
+    import numpy as np
+
+    def log(excess):
+        path = tmp_path / "log.csv"
+        with open(path, "w") as f:
+            f.write("step,loss_bits,bayes_loss_bits,lr,grad_norm,seconds\n")
+            for i, e in enumerate(excess):
+                f.write(f"{i + 1},{2.0 + e},2.0,0.001,1.0,{i}\n")
+        return str(path)
+    assert not matrix.converged(log(np.linspace(1.0, 0.0, 100)))
+    assert matrix.converged(log(np.full(100, 0.1)))
+    assert matrix.converged(log(np.r_[np.full(90, 0.105), np.full(10, 0.1)]))
+    assert not matrix.converged(log(np.r_[np.full(80, 0.5), np.full(10, 0.5), np.full(10, 0.4)]))   # 20% better
+
+
+def test_a_family_that_cannot_be_sized_sits_the_point_out(tmp_path):
+    d = str(tmp_path / "cell")
+    with open(d + ".log", "w") as f:
+        f.write("something\ntrain.py: error: --params 109600: no width of prefix-mlp gives it (closest 300,000)\n")
+    assert matrix.sits_out(d, 2) == "--params 109600: no width of prefix-mlp gives it (closest 300,000)"
+    assert matrix.sits_out(d, 1) is None                                 # another failure: an error, not this
+    os.makedirs(d)
+    open(os.path.join(d, "checkpoint.npz"), "w").close()
+    assert matrix.sits_out(d, 2) is None                                  # it trained: not a refusal
+    rows = matrix.table({"bijection-mlp-s0": {"sits_out": "why"}}, "quick")
+    assert rows == [dict(task="bijection", family="mlp", layers=None, params=0, steps=0, kl=[], score=[],
+                         sits_out="why", verdict="sits out", authors=None, agreement=None)]
+
+
+def test_state_sizes_by_hand():
+    """Width 64, 2 layers, T = 48, vocabulary 68: the transformer's keys and values 2 x 2 x 64 x 48 = 12,288
+    (growing with T); the LSTM's h and c 2 x 2 x 64 = 256; the SSM's scan state and convolution window
+    2 x (128 x 16 + 3 x 128) = 4,864 (without the window: 4,096); the prefix MLP's grid 48 x 68 = 3,264; the
+    authors' MLP none."""
+    cfg = lambda n: models.make_config(n, vocab_size=68, n_classes=32, max_len=48, d_model=64, n_layers=2)
+    got = {n: models.state_floats(n, cfg(n), 48) for n in ("transformer", "lstm", "ssm", "prefix-mlp", "mlp")}
+    assert got == {"transformer": 12_288, "lstm": 256, "ssm": 4_864, "prefix-mlp": 3_264, "mlp": 0}
+
+
+def test_the_sweep_figure_is_drawn_with_a_family_sitting_out(tmp_path):
+    import plots
+    rows = [dict(family="lstm", point=f"pairs{p}", score=s, converged=c, state_floats=256)
+            for p, s, c in ((4, 0.99, True), (8, 0.7, False))]
+    rows.append(dict(family="prefix-mlp", point="pairs8", sits_out="no width"))
+    path = plots.plot_sweep(rows, str(tmp_path / "s.png"), "capacity")
+    assert os.path.exists(path)
