@@ -65,6 +65,36 @@ def plot_calibration(results, task, label, path):
     return _save(fig, path)
 
 
+def plot_groups(results, task, path):
+    """Each model's answer groups (evaluation.group_metrics): its mean entropy against the exact posterior's
+    (left) and its KL (right, log scale), one bar per model in each group, the accuracy on one-hot answers
+    printed where the group has them."""
+    plt = _plt()
+    groups = list(next(iter(results.values()))["groups"])
+    fig, (ax, kl) = plt.subplots(1, 2, figsize=(8.4, 3.6))
+    width = 0.8 / (len(results) + 1)
+    x = np.arange(len(groups))
+    exact = [next(iter(results.values()))["groups"][g]["h_bayes_bits"] for g in groups]
+    ax.bar(x, exact, width, color="k", alpha=0.35, label="exact Bayes")
+    for i, (name, m) in enumerate(results.items()):
+        g = [m["groups"][k] for k in groups]
+        ax.bar(x + (i + 1) * width, [v["h_model_bits"] for v in g], width, color=f"C{i}", label=name)
+        bars = kl.bar(x + i * width, [max(v["kl_bits"], 1e-6) for v in g], width, color=f"C{i}", label=name)
+        for b, v in zip(bars, g):
+            if "accuracy" in v:
+                kl.annotate(f"acc. {v['accuracy']:.3f}", (b.get_x() + b.get_width() / 2, b.get_height()), fontsize=6,
+                            ha="center", va="bottom")
+    ax.set_xticks(x + width * len(results) / 2, groups)
+    kl.set_xticks(x + width * (len(results) - 1) / 2, groups)
+    ax.set_ylabel("mean predictive entropy (bits)")
+    kl.set_yscale("log")
+    kl.set_ylabel("KL(posterior || model) (bits)")
+    ax.legend(frameon=False, fontsize=7)
+    fig.suptitle(f"{task}: the answers by group", fontsize=10)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
 def plot_traces(traces, task, label, path):
     """Four held-out sequences: the model's entropy at each answer against that sequence's own posterior. Where
     every sequence has the same posterior entropies (a function of the position alone, as in format a), the

@@ -53,3 +53,12 @@ def test_both_figures_are_drawn_and_a_run_without_variants_is_refused(tmp_path, 
     with pytest.raises(SystemExit) as e:
         compare.main(["variants", a, n, "--out", str(tmp_path / "x.png")])
     assert e.value.code == 2 and "compare.py: error: ssm has no held-out variants" in capsys.readouterr().err
+
+
+def test_the_answer_groups_figure_is_drawn_for_each_model(tmp_path):
+    import plots
+    g = lambda kl: {"stored": dict(h_model_bits=0.1, h_bayes_bits=0.0, kl_bits=kl, accuracy=0.9, one_hot=1.0),
+                    "not stored": dict(h_model_bits=4.9, h_bayes_bits=5.0, kl_bits=kl / 2, one_hot=0.0)}
+    path = plots.plot_groups({"transformer": dict(groups=g(0.01)), "lstm": dict(groups=g(0.5))}, "recall",
+                             str(tmp_path / "groups.png"))
+    assert os.path.exists(path) and os.path.getsize(path) > 0

@@ -206,6 +206,8 @@ def draw_figures(args, results, traces, fig_dir, run_name):
     paths = [plots.plot_calibration(results, args.task, label, figure("calibration")),
              plots.plot_traces(traces, args.task, label, figure("traces"))]
     main, mod = next(iter(results.values())), tasks.task(args.task)
+    if "groups" in main and all("groups" in m and list(m["groups"]) == list(main["groups"]) for m in results.values()):
+        paths.append(plots.plot_groups(results, args.task, figure("groups")))
     key = getattr(mod, "VARIANTS", None)
     if key and key + "_curves" in main:
         paths.append(plots.plot_variants(plots.variant_curves(main, key), figure(key),
