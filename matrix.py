@@ -265,6 +265,26 @@ def table(results, preset, seeds=None):
     return list(rows.values())
 
 
+def learning_curves(results, out, preset, seeds=None, points=60):
+    """{task: {family label: (sequences seen, KL estimate)}} from each finished cell's log.csv (the first seed):
+    the training loss above the exact posterior's on the same batch, whose expectation is KL(posterior ||
+    model) on sampled targets and which is that KL on soft ones, averaged over `points` windows."""
+    import numpy as np
+    curves = {}
+    for c in cells(preset, seeds):
+        m = results.get(c["name"])
+        if m is None or "sits_out" in m or c["seed"] != (seeds or PRESETS[preset]["seeds"])[0]:
+            continue
+        d = np.genfromtxt(os.path.join(out, c["name"], "log.csv"), delimiter=",", names=True)
+        w = max(1, len(d) // points)
+        n = len(d) // w * w
+        excess = (d["loss_bits"] - d["bayes_loss_bits"])[:n].reshape(-1, w).mean(1)
+        seen = d["step"][:n].reshape(-1, w)[:, -1] * m["batch"]
+        label = c["family"] + (f", {c['layers']} layers" if c["layers"] else "")
+        curves.setdefault(c["task"], {})[label] = (seen.tolist(), excess.tolist())
+    return curves
+
+
 def sweep_table(results, cells_, out):
     """A sweep's rows: dict(family, point, params, kl, score, converged, state_floats) per cell, or sits_out."""
     rows = []
@@ -343,7 +363,9 @@ def main(argv_=None):
     os.makedirs(a.figures, exist_ok=True)
     path = plots.plot_primitives(rows, os.path.join(a.figures, "primitives" + ("-quick" if a.preset == "quick" else "")
                                                     + ".png"), GOOD, PARTIAL, PRIMITIVE)
-    print(f"{os.path.join(out, 'matrix.json')}; figure {path}")
+    curves = plots.plot_learning_curves(learning_curves(results, out, a.preset, a.seeds),
+                                        path.replace(".png", "-curves.png"))
+    print(f"{os.path.join(out, 'matrix.json')}; figures {path}, {curves}")
 
 
 if __name__ == "__main__":

@@ -199,6 +199,24 @@ def plot_variants_across(runs, path, label_format="{}", xlabel="answer index i",
     return _save(fig, path)
 
 
+def plot_learning_curves(curves, path):
+    """matrix.learning_curves: one panel per task, each family's KL estimate (training loss above the exact
+    posterior's) against the sequences it has seen, log scales: how fast each family learns, not only where
+    it ends."""
+    plt = _plt()
+    fig, axes = plt.subplots(1, max(1, len(curves)), figsize=(3.6 * max(1, len(curves)), 3.4), squeeze=False)
+    for ax, (task, fams) in zip(axes[0], curves.items()):
+        for c, (label, (seen, kl)) in enumerate(fams.items()):
+            ax.loglog(seen, np.maximum(kl, 1e-4), "-", color=f"C{c}", lw=1.2, label=label)
+        ax.set_title(task, fontsize=9)
+        ax.set_xlabel("sequences seen")
+        ax.grid(alpha=0.3, which="major")
+    axes[0][0].set_ylabel("training loss above exact Bayes (bits):\nthe KL, estimated on each batch")
+    axes[0][-1].legend(frameon=False, fontsize=6, loc="lower left")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
 def plot_sweep(rows, path, sweep):
     """A recall sweep (matrix.sweep_table rows): each family's score against the stored pairs (capacity) or the
     filler (distance), a hollow marker where the run had not converged, each point labelled with the floats

@@ -162,3 +162,20 @@ def test_the_sweep_figure_is_drawn_with_a_family_sitting_out(tmp_path):
     rows.append(dict(family="prefix-mlp", point="pairs8", sits_out="no width"))
     path = plots.plot_sweep(rows, str(tmp_path / "s.png"), "capacity")
     assert os.path.exists(path)
+
+
+def test_learning_curves_read_each_cells_log(tmp_path):
+    """Two cells' log.csv (batch 8): 10 rows each, averaged over windows of 5: sequences seen at each window's
+    last step x 8; the KL estimate the mean of loss - Bayes over the window."""
+    import plots
+    c0, c1 = matrix.cells("quick")[:2]
+    for c, gap in ((c0, 0.5), (c1, 0.25)):
+        os.makedirs(tmp_path / c["name"])
+        with open(tmp_path / c["name"] / "log.csv", "w") as f:
+            f.write("step,loss_bits,bayes_loss_bits,lr,grad_norm,seconds\n")
+            for i in range(10):
+                f.write(f"{i + 1},{1.0 + gap * (i < 5)},1.0,0.001,1.0,{i}\n")
+    results = {c0["name"]: dict(batch=8), c1["name"]: dict(batch=8)}
+    curves = matrix.learning_curves(results, str(tmp_path), "quick", points=2)
+    assert curves == {c0["task"]: {c0["family"]: ([40.0, 80.0], [0.5, 0.0]), c1["family"]: ([40.0, 80.0], [0.25, 0.0])}}
+    assert os.path.exists(plots.plot_learning_curves(curves, str(tmp_path / "c.png")))

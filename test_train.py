@@ -232,6 +232,7 @@ def test_same_seed_same_metrics_and_the_versions_recorded(tmp_path):
         m.pop("seconds")
         metrics.append(m)
     assert metrics[0] == metrics[1]
+    assert (metrics[0]["batch"], metrics[0]["settings"]) == (32, {"V": 20})      # the quick preset's, the task's
     import llvmlite.binding
     assert metrics[0]["versions"] == {"python": platform.python_version(), "numpy": np.__version__,
                                       "scipy": scipy.__version__, "numba": numba.__version__,

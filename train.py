@@ -371,7 +371,7 @@ def token_run(args, sizes, cfg):
                       f"python train.py --resume --out {args.out} and the same flags, without --stop-after")
                 return results
             metrics, t = evaluate_run(args, name, prm, mcfg)
-            metrics = dict(task=args.task, model=name, params=models.count_params(prm), steps=step,
+            metrics = dict(task=args.task, model=name, params=models.count_params(prm), steps=step, batch=args.batch,
                            seconds=round(seconds, 1), targets="soft" if args.soft else "sampled", settings=args.settings,
                            prior_gap_bits=gap, config=dataclasses.asdict(mcfg), **metrics, versions=versions())
             write_json(os.path.join(args.out, runs.metrics_name(name, main_model)), metrics)
