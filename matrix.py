@@ -1,7 +1,8 @@
 """matrix: every registered family on every token wind tunnel, at matched parameter counts and budgets, scored
 the same way on every task: the revised Paper I's table of Bayesian primitives against architectures, measured.
 
-    python matrix.py [--preset quick|default] [--out runs/matrix] [--seeds 0 1] [--jobs 2] [--figures DIR]
+    python matrix.py [--preset quick|default] [--out runs/matrix] [--seeds 0 1] [--jobs 2] [--figures DIR] [--confirm]
+    python matrix.py --sweep capacity|filler     the recall sweeps (below)
 
 Each cell is an ordinary run of train.py (so there is one training loop) in OUT/<task>-<family>[-L<layers>]-s<seed>
 with its metrics.json: a finished cell is skipped, an interrupted one resumes (--resume), so the command can
@@ -18,7 +19,8 @@ seed, no depth rows.
 The score reads the same on every task: the fraction of the prior's gap closed, 1 - KL(model) / KL(a uniform
 predictor), both on the cell's held-out answers (metrics kl_bits and prior_kl_bits). The marks are fixed here,
 before any matrix run: GOOD (a check) at a score of at least GOOD, PARTIAL (~) from PARTIAL up, NONE (a cross)
-below; a cell whose seeds get different marks is marked split.
+below; a cell whose seeds get different marks is marked split. Where a cell's mark disagrees with the
+authors' figure, --confirm trains a third seed and a run of 4x the steps before the verdict is written.
 """
 
 import os
@@ -239,14 +241,36 @@ def run(preset="default", out=os.path.join("runs", "matrix"), seeds=None, jobs=2
     return results
 
 
-def table(results, preset, seeds=None):
-    """-> rows: dict(task, family, layers, kl (per seed), score (per seed), verdict, authors)."""
+def followups(rows, preset, seeds=None):
+    """The cells a disagreement with the authors' figure asks for before its verdict is written: a third seed
+    and one run of 4x the task's steps (seed 0), for each row whose verdict disagrees (--confirm)."""
+    seeds = PRESETS[preset]["seeds"] if seeds is None else seeds
+    out = []
+    for r in rows:
+        if r.get("agreement") != "disagrees":
+            continue
+        base = dict(task=r["task"], family=r["family"], layers=None)
+        third = max(seeds) + 1
+        out.append({**base, "seed": third, "name": f"{r['task']}-{r['family']}-s{third}"})
+        steps = 4 * tasks.task(r["task"]).PRESETS[preset]["steps"]
+        out.append({**base, "seed": 0, "x4": True, "flags": ["--steps", str(steps)],
+                    "name": f"{r['task']}-{r['family']}-4x-s0"})
+    return out
+
+
+def table(results, preset, seeds=None, extra=()):
+    """-> rows: dict(task, family, layers, kl (per seed), score (per seed), verdict, authors); extra: the
+    followups' cells (a third seed joins the seeds; the 4x run is reported apart, as score_4x)."""
     rows = {}
-    for c in cells(preset, seeds):
+    for c in [*cells(preset, seeds), *extra]:
         m = results.get(c["name"])
         if m is None:
             continue
         key = (c["task"], c["family"], c["layers"])
+        if c.get("x4"):
+            if key in rows and "sits_out" not in m:
+                rows[key].update(score_4x=score(m), kl_4x=m["kl_bits"])
+            continue
         if "sits_out" in m:
             rows[key] = dict(task=c["task"], family=c["family"], layers=c["layers"], params=0, steps=0, kl=[],
                              score=[], sits_out=m["sits_out"])
@@ -323,9 +347,13 @@ def lines(rows):
     out = [head, "-" * len(head)]
     for r in rows:
         fam = r["family"] + (f", {r['layers']} layers" if r["layers"] else "")
+        if "sits_out" in r:
+            out.append(f"{r['task']:<10}{fam:<20}  sits out: {r['sits_out']}")
+            continue
+        x4 = f"; 4x the steps: score {r['score_4x']:.3f}" if "score_4x" in r else ""
         out.append(f"{r['task']:<10}{fam:<20}{r['params']:>9,}{r['steps']:>8}  "
                    f"{' / '.join(f'{k:.3g}' for k in r['kl']):<24}{' / '.join(f'{s:.3f}' for s in r['score']):<16}"
-                   f"{r['verdict']:<14}{'' if r['authors'] is None else r['authors'] + ' (' + r['agreement'] + ')'}")
+                   f"{r['verdict']:<14}{'' if r['authors'] is None else r['authors'] + ' (' + r['agreement'] + ')'}{x4}")
     return out
 
 
@@ -336,6 +364,8 @@ def main(argv_=None):
     p.add_argument("--seeds", type=int, nargs="+", default=None, help="default: the preset's (quick 0; default 0 1)")
     p.add_argument("--jobs", type=int, default=2, help="cells at a time (default 2, one per core)")
     p.add_argument("--figures", default="figures", help="where primitives.png goes (default figures)")
+    p.add_argument("--confirm", action="store_true", help="where a cell's mark disagrees with the authors' figure, "
+                   "also train a third seed and a run of 4x the steps before the verdict")
     p.add_argument("--sweep", choices=("capacity", "filler"), help="instead of the matrix: the recall sweep over the "
                    "stored pairs (4 to 64) or the filler (0 to 128), every family at the transformer's count")
     a = p.parse_args(argv_)
@@ -355,6 +385,10 @@ def main(argv_=None):
     out = a.out or os.path.join("runs", "matrix" + ("-quick" if a.preset == "quick" else ""))
     results = run(a.preset, out, a.seeds, a.jobs)
     rows = table(results, a.preset, a.seeds)
+    extra = followups(rows, a.preset, a.seeds) if a.confirm else []
+    if extra:                                          # a third seed and a 4x run where the authors disagree
+        results.update(run(a.preset, out, a.seeds, a.jobs, todo=extra))
+        rows = table(results, a.preset, a.seeds, extra)
     with open(os.path.join(out, "matrix.json"), "w") as f:
         json.dump(dict(preset=a.preset, thresholds=dict(good=GOOD, partial=PARTIAL), primitive=PRIMITIVE,
                        rows=rows), f, indent=1)

@@ -179,3 +179,20 @@ def test_learning_curves_read_each_cells_log(tmp_path):
     curves = matrix.learning_curves(results, str(tmp_path), "quick", points=2)
     assert curves == {c0["task"]: {c0["family"]: ([40.0, 80.0], [0.5, 0.0]), c1["family"]: ([40.0, 80.0], [0.25, 0.0])}}
     assert os.path.exists(plots.plot_learning_curves(curves, str(tmp_path / "c.png")))
+
+
+def test_a_disagreement_with_the_authors_gets_a_third_seed_and_a_4x_run():
+    """lstm on the HMM marked a check where the authors drew a cross: a third seed (2) and a seed-0 run of 4 x
+    3,000 steps; an agreeing cell and a depth row get none. Their results: the third seed joins the seeds, the
+    4x run is reported apart."""
+    rows = [dict(task="hmm", family="lstm", layers=None, agreement="disagrees"),
+            dict(task="hmm", family="mlp", layers=None, agreement="agrees"),
+            dict(task="hmm", family="transformer", layers=2, agreement=None)]
+    extra = matrix.followups(rows, "default")
+    assert [c["name"] for c in extra] == ["hmm-lstm-s2", "hmm-lstm-4x-s0"]
+    assert extra[1]["flags"] == ["--steps", "12000"] and extra[1]["x4"]
+    m = lambda kl: dict(kl_bits=kl, prior_kl_bits=0.4, params=213_813, steps=3000)
+    results = {"hmm-lstm-s0": m(0.01), "hmm-lstm-s1": m(0.012), "hmm-lstm-s2": m(0.3), "hmm-lstm-4x-s0": m(0.004)}
+    row = next(r for r in matrix.table(results, "default", extra=extra) if r["family"] == "lstm")
+    assert row["score"] == pytest.approx([0.975, 0.97, 0.25]) and row["verdict"] == "split (✓/✓/✗)"
+    assert row["score_4x"] == pytest.approx(0.99) and "4x the steps: score 0.990" in matrix.lines([row])[-1]
