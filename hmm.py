@@ -245,6 +245,24 @@ def batch(rng, n, n_obs=20):
     return dict(tokens=tokens, targets=targets, mask=mask, posterior=posterior)
 
 
+def shortcut(batch, s=None):
+    """The best answer without transport (matrix.py's floor for the HMM): the current observation weighed by
+    the chain's stationary distribution, q_t(s) proportional to pi_P(s) E[s, o_t]; it reads the HMM's
+    parameters from the header but carries nothing from one observation to the next. -> (n, T, S), uniform
+    off the observations."""
+    tokens = batch["tokens"]
+    n, T = tokens.shape
+    q = np.full((n, T, S), 1.0 / S)
+    for b in range(n):
+        P, E, obs = detokenize(tokens[b])
+        w, v = np.linalg.eig(P.T)
+        pi = np.abs(np.real(v[:, np.argmin(np.abs(w - 1.0))]))
+        pi /= pi.sum()                                               # the stationary distribution of P
+        q[b, HEADER:] = pi[None, :] * E[:, obs].T                    # (n_obs, S) before normalising
+        q[b, HEADER:] /= q[b, HEADER:].sum(-1, keepdims=True)
+    return q
+
+
 # ----------------------------------------------------------------------------
 # what the geometry probes read (manifold.py): cols (P,) are the observation positions
 

@@ -18,8 +18,11 @@ seed, no depth rows.
 
 The score reads the same on every task: the fraction of the prior's gap closed, 1 - KL(model) / KL(a uniform
 predictor), both on the cell's held-out answers (metrics kl_bits and prior_kl_bits). The marks are fixed here,
-before any matrix run: GOOD (a check) at a score of at least GOOD, PARTIAL (~) from PARTIAL up, NONE (a cross)
-below; a cell whose seeds get different marks is marked split. Where a cell's mark disagrees with the
+before any matrix run: a check at a score of at least GOOD, ~ from PARTIAL up, a cross below; and a check or
+a ~ only above the task's shortcut, the best predictor without its primitive (tasks.shortcut: the HMM's
+current observation weighed by the chain's stationary distribution scores about 0.91 without any filtering;
+recall's stored values without their keys about 0.45), by SHORTCUT_MARGIN. A cell whose seeds get different
+marks is marked split (with three seeds, a majority decides). Where a cell's mark disagrees with the
 authors' figure, --confirm trains a third seed and a run of 4x the steps before the verdict is written.
 """
 
@@ -30,6 +33,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+import math  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -38,7 +42,9 @@ import models  # noqa: E402
 import tasks  # noqa: E402
 
 GOOD, PARTIAL = 0.95, 0.50          # the marks' thresholds on the score, fixed before the first matrix run
-MARKS = ("✓", "~", "✗")             # score >= GOOD, PARTIAL <= score < GOOD, score < PARTIAL
+MARKS = ("✓", "~", "✗")             # score >= GOOD, PARTIAL <= score < GOOD, score < PARTIAL, and either of the
+SHORTCUT_MARGIN = 0.01              # first two only above the task's shortcut's score by this margin (its floor)
+FLOOR_SEQS = 1000                   # held-out sequences the shortcut's score is measured on
 DEPTHS = (1, 2, 4)                  # the transformer's depth rows (the default preset)
 PRESETS = {"quick": dict(seeds=(0,), depth=False), "default": dict(seeds=(0, 1), depth=True)}
 SOFT = ("hmm",)                     # tasks trained on soft targets (as every HMM row in RESULTS.md)
@@ -63,15 +69,35 @@ def score(metrics):
     return 1.0 - metrics["kl_bits"] / metrics["prior_kl_bits"]
 
 
-def mark(s):
-    """One seed's score -> its mark."""
-    return MARKS[0] if s >= GOOD else MARKS[1] if s >= PARTIAL else MARKS[2]
+def mark(s, floor=None):
+    """One seed's score -> its mark. floor: the score of the task's shortcut (the best predictor without the
+    primitive, tasks.shortcut): a check or a ~ asks for more than it (by SHORTCUT_MARGIN); None: the uniform
+    prior is the floor, which any score above PARTIAL beats."""
+    above = floor is None or s > floor + SHORTCUT_MARGIN
+    return MARKS[0] if s >= GOOD and above else MARKS[1] if s >= PARTIAL and above else MARKS[2]
 
 
-def verdict(scores):
-    """The seeds' scores of a cell -> its mark, or "split (a/b)" where the seeds' marks differ."""
-    marks = [mark(s) for s in scores]
-    return marks[0] if len(set(marks)) == 1 else "split (" + "/".join(marks) + ")"
+def verdict(scores, floor=None):
+    """The seeds' scores of a cell -> its mark where every seed gets it; with three seeds or more (--confirm),
+    the mark of a majority, the seeds' marks beside it; else "split (a/b)"."""
+    marks = [mark(s, floor) for s in scores]
+    if len(set(marks)) == 1:
+        return marks[0]
+    top = max(MARKS, key=marks.count)
+    if len(marks) >= 3 and marks.count(top) > len(marks) / 2:
+        return f"{top} ({'/'.join(marks)})"
+    return "split (" + "/".join(marks) + ")"
+
+
+def floor_score(task, preset):
+    """The score of the task's shortcut on FLOOR_SEQS held-out sequences of its preset's settings, or None (no
+    shortcut: the uniform prior, score 0)."""
+    import flags
+    from evaluation import evaluate
+    s = flags.parse_args(["--task", task, "--preset", preset]).settings
+    batch = tasks.held_out_sets(task, s, FLOOR_SEQS, 0)[""]
+    q = tasks.shortcut(task, batch, s)
+    return None if q is None else score(evaluate(lambda tokens: q, batch)[0])
 
 
 def against_authors(family, task, cell_verdict):
@@ -91,7 +117,8 @@ def cells(preset, seeds=None):
     out = []
     for task in tasks.TASKS:
         rows = [(family, None) for family in models.FAMILIES]
-        rows += [("transformer", L) for L in DEPTHS] if PRESETS[preset]["depth"] else []
+        if PRESETS[preset]["depth"]:                          # a depth equal to the preset's is its own row
+            rows += [("transformer", L) for L in DEPTHS if L != transformer_size(task, preset)[2]]
         for family, layers in rows:
             for seed in seeds:
                 tag = f"-L{layers}" if layers else ""
@@ -100,11 +127,12 @@ def cells(preset, seeds=None):
 
 
 def transformer_size(task, preset):
-    """-> (parameter count, width) of the transformer at the task's preset: what every family is matched to."""
+    """-> (parameter count, width, layers) of the transformer at the task's preset: what every family is
+    matched to, and the depth its row has."""
     import flags
     args = flags.parse_args(["--task", task, "--preset", preset])
     cfg = flags.model_config(args, tasks.sizes(task, args.settings), "transformer")
-    return models.count_params(models.param_shapes("transformer", cfg)), cfg.d_model
+    return models.count_params(models.param_shapes("transformer", cfg)), cfg.d_model, cfg.n_layers
 
 
 def argv(cell, preset, run_dir, size=None):
@@ -124,18 +152,40 @@ def argv(cell, preset, run_dir, size=None):
     return a
 
 
-def sits_out(run_dir, returncode):
-    """train.py's one line when it refused a cell's parameter count (exit code 2, nothing written), else None."""
-    if returncode != 2 or os.path.exists(os.path.join(run_dir, "checkpoint.npz")):
+def sits_out(log_path, returncode, offset=0):
+    """train.py's one line when it refused a cell's parameter count (exit code 2), read from what the cell's
+    log gained since offset (its size when the cell started), else None."""
+    if returncode != 2:
         return None
-    with open(run_dir + ".log") as f:
+    with open(log_path) as f:
+        f.seek(offset)
         lines = [l.strip() for l in f if l.startswith("train.py: error: --params")]
     return lines[-1][len("train.py: error: "):] if lines else None
 
 
-def finished(run_dir):
+def expected_steps(cell, preset):
+    flags_ = cell.get("flags", [])
+    return int(flags_[flags_.index("--steps") + 1]) if "--steps" in flags_ else tasks.task(cell["task"]).PRESETS[preset]["steps"]
+
+
+def finished(run_dir, cell=None, preset=None):
+    """A cell's result: its metrics.json (checked against the cell: task, family and steps; ValueError in one
+    line for a directory holding another run), a marker left by a cell that sat out or failed ({"sits_out":
+    why} or {"failed": why}; delete the marker to try again), or None."""
+    for kind in ("sits_out", "failed"):
+        if os.path.exists(f"{run_dir}.{kind}"):
+            with open(f"{run_dir}.{kind}") as f:
+                return {kind: f.read().strip()}
     path = os.path.join(run_dir, "metrics.json")
-    return json.load(open(path)) if os.path.exists(path) else None
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        m = json.load(f)
+    if cell is not None and (m.get("task"), m.get("model"), m.get("steps")) != (
+            cell["task"], cell["family"], expected_steps(cell, preset)):
+        raise ValueError(f"{run_dir} holds a run of {m.get('task')}, {m.get('model')}, {m.get('steps')} steps, not this "
+                         f"cell's: move it or give another --out")
+    return m
 
 
 # ----------------------------------------------------------------------------
@@ -145,8 +195,8 @@ def finished(run_dir):
 CAPACITY_PAIRS = (4, 8, 16, 32, 64)
 FILLERS = (0, 8, 32, 128)                 # at the default 8 pairs
 STAGES = ((500, 2), (1500, 4), (2500, 8), (3500, 16), (4500, 32))   # the pair curriculum: pairs before step
-FLAT = (0.01, 0.05)                       # converged: the last tenth of training lowers the excess loss by less
-                                          # than 0.01 bits or 5% of the tenth before (fixed before the sweeps)
+FLAT = (0.01, 0.05)                       # flat: the last tenth of training moves the excess loss by less than
+                                          # 0.01 bits, 5% of the tenth before or its noise (fixed before the sweeps)
 
 
 def capacity_flags(pairs):
@@ -167,17 +217,21 @@ def sweep_cells(sweep, seeds=(0,)):
             for point, flags in points for family in models.FAMILIES for seed in seeds]
 
 
-def converged(log_csv):
-    """Whether a run's training loss had flattened (FLAT) over its last tenth, from its log.csv: the mean
-    excess loss (loss_bits - bayes_loss_bits) of the last tenth of the steps against the tenth before."""
+def flat(log_csv):
+    """Whether a run's training loss had flattened (FLAT) by its end, from its log.csv: the mean excess loss
+    (loss_bits - bayes_loss_bits) over the last tenth of the steps against the tenth before moved (down, or up:
+    a rising loss is not flat) by less than the largest of FLAT[0] bits, FLAT[1] x the earlier mean, and
+    twice the standard error of the difference (the per-step noise). A long plateau is flat too: only a run
+    of more steps tells it from the end (--confirm's 4x run)."""
     import numpy as np
     d = np.genfromtxt(log_csv, delimiter=",", names=True)
-    excess = d["loss_bits"] - d["bayes_loss_bits"]
+    excess = np.atleast_1d(d["loss_bits"] - d["bayes_loss_bits"])
     n = len(excess) // 10
-    if n < 1:
+    if n < 2:
         return False
-    before, last = excess[-2 * n:-n].mean(), excess[-n:].mean()
-    return bool(before - last < max(FLAT[0], FLAT[1] * before))
+    before, last = excess[-2 * n:-n], excess[-n:]
+    se = np.sqrt(before.var(ddof=1) / n + last.var(ddof=1) / n)
+    return bool(abs(before.mean() - last.mean()) < max(FLAT[0], FLAT[1] * before.mean(), 2 * se))
 
 
 # ----------------------------------------------------------------------------
@@ -195,7 +249,7 @@ def run(preset="default", out=os.path.join("runs", "matrix"), seeds=None, jobs=2
     results, running, start, walls = {}, [], time.time(), []
     queue = []
     for c in todo:
-        m = finished(os.path.join(out, c["name"]))
+        m = finished(os.path.join(out, c["name"]), c, preset)
         if m is None:
             queue.append(c)
         else:
@@ -208,37 +262,47 @@ def run(preset="default", out=os.path.join("runs", "matrix"), seeds=None, jobs=2
                 c = queue.pop(0)
                 run_dir = os.path.join(out, c["name"])
                 logf = open(run_dir + ".log", "a")
+                offset = logf.tell()
                 p = subprocess.Popen(argv(c, preset, run_dir, sizes.get(c["task"])), cwd=here, env=env,
-                                     stdout=logf, stderr=subprocess.STDOUT)
-                running.append((c, p, logf, time.time()))
+                                     stdout=logf, stderr=subprocess.STDOUT,
+                                     start_new_session=True)     # Ctrl-C reaches the cells once, from here
+                running.append((c, p, logf, time.time(), offset))
             time.sleep(0.2)
             for item in [r for r in running if r[1].poll() is not None]:
-                c, p, logf, t0 = item
+                c, p, logf, t0, offset = item
                 running.remove(item)
                 logf.close()
-                m = finished(os.path.join(out, c["name"]))
-                reason = sits_out(os.path.join(out, c["name"]), p.returncode)
-                if reason:
-                    results[c["name"]] = {"sits_out": reason}
-                    log(f"{c['name']}: sits out: {reason}")
+                run_dir = os.path.join(out, c["name"])
+                reason = sits_out(run_dir + ".log", p.returncode, offset)
+                m = finished(run_dir, c, preset) if p.returncode == 0 else None
+                if reason or m is None:                          # recorded, so a rerun does not repeat it
+                    kind = "sits_out" if reason else "failed"
+                    reason = reason or f"exit code {p.returncode}, see {run_dir}.log"
+                    with open(f"{run_dir}.{kind}", "w") as f:
+                        f.write(reason + "\n")
+                    results[c["name"]] = {kind: reason}
+                    log(f"{c['name']}: {kind.replace('_', ' ')}: {reason}")
                     continue
-                if p.returncode != 0 or m is None:
-                    raise RuntimeError(f"cell {c['name']} failed (exit code {p.returncode}): see "
-                                       f"{os.path.join(out, c['name'])}.log")
                 results[c["name"]] = m
                 walls.append(time.time() - t0)
                 done = sum(1 for x in todo if x["name"] in results)
                 left = (len(queue) + len(running)) * (sum(walls) / len(walls)) / jobs
-                log(f"[{done}/{len(todo)}] {c['name']}: KL {m['kl_bits']:.4g} bits, score {score(m):.3f}, "
+                log(f"[{done}/{len(todo)}] {c['name']}: KL {m['kl_bits']:.4g} bits, score {shown(score(m))}, "
                     f"{walls[-1]:.0f} s; {time.time() - start:.0f} s so far, about {left:.0f} s left for the matrix")
     except KeyboardInterrupt:
-        for _, p, logf, _ in running:
-            p.terminate()                                          # each cell saves its checkpoint and stops
+        for c, p, logf, _, _ in running:
+            p.terminate()                                          # one SIGTERM: the cell saves its checkpoint
             p.wait()
             logf.close()
         log("interrupted: run the same command again to continue (finished cells are kept, the others resume)")
         raise SystemExit(130)
     return results
+
+
+def shown(s):
+    """A score to three decimals, cut rather than rounded, so that the digits never cross a mark's threshold
+    (0.9496 shows as 0.949, not 0.950)."""
+    return f"{math.floor(s * 1000) / 1000:.3f}"
 
 
 def followups(rows, preset, seeds=None):
@@ -258,10 +322,11 @@ def followups(rows, preset, seeds=None):
     return out
 
 
-def table(results, preset, seeds=None, extra=()):
-    """-> rows: dict(task, family, layers, kl (per seed), score (per seed), verdict, authors); extra: the
-    followups' cells (a third seed joins the seeds; the 4x run is reported apart, as score_4x)."""
-    rows = {}
+def table(results, preset, seeds=None, extra=(), floors=None):
+    """-> rows: dict(task, family, layers, kl (per seed), score (per seed), floor, verdict, authors); extra: the
+    followups' cells (a third seed joins the seeds; the 4x run is reported apart, as score_4x); floors: {task:
+    its shortcut's score} (floor_score), which a mark must beat."""
+    rows, floors = {}, floors or {}
     for c in [*cells(preset, seeds), *extra]:
         m = results.get(c["name"])
         if m is None:
@@ -271,19 +336,21 @@ def table(results, preset, seeds=None, extra=()):
             if key in rows and "sits_out" not in m:
                 rows[key].update(score_4x=score(m), kl_4x=m["kl_bits"])
             continue
-        if "sits_out" in m:
-            rows[key] = dict(task=c["task"], family=c["family"], layers=c["layers"], params=0, steps=0, kl=[],
-                             score=[], sits_out=m["sits_out"])
+        if "sits_out" in m or "failed" in m:
+            kind = "sits_out" if "sits_out" in m else "failed"
+            rows[key] = {**dict(task=c["task"], family=c["family"], layers=c["layers"], params=0, steps=0, kl=[],
+                                score=[]), kind: m[kind]}
             continue
         r = rows.setdefault(key, dict(task=c["task"], family=c["family"], layers=c["layers"], params=m["params"],
                                       steps=m["steps"], kl=[], score=[]))
         r["kl"].append(m["kl_bits"])
         r["score"].append(score(m))
     for r in rows.values():
-        if "sits_out" in r:
-            r.update(verdict="sits out", authors=None, agreement=None)
+        r["floor"] = floors.get(r["task"])
+        if "sits_out" in r or "failed" in r:
+            r.update(verdict="sits out" if "sits_out" in r else "failed", authors=None, agreement=None)
             continue
-        r["verdict"] = verdict(r["score"])
+        r["verdict"] = verdict(r["score"], r["floor"])
         r["authors"] = None if r["layers"] else AUTHORS.get(r["family"], {}).get(PRIMITIVE[r["task"]])
         r["agreement"] = None if r["layers"] else against_authors(r["family"], r["task"], r["verdict"])
     return list(rows.values())
@@ -310,20 +377,20 @@ def learning_curves(results, out, preset, seeds=None, points=60):
 
 
 def sweep_table(results, cells_, out):
-    """A sweep's rows: dict(family, point, params, kl, score, converged, state_floats) per cell, or sits_out."""
+    """A sweep's rows: dict(family, point, params, kl, score, flat, state_floats) per cell, or sits_out/failed."""
     rows = []
     for c in cells_:
         mm = results.get(c["name"])
         if mm is None:
             continue
         row = dict(family=c["family"], point=c["point"], seed=c["seed"])
-        if "sits_out" in mm:
-            rows.append({**row, "sits_out": mm["sits_out"]})
+        if "sits_out" in mm or "failed" in mm:
+            rows.append({**row, **mm})
             continue
         cfg = models.config_from_dict(c["family"], mm["config"])
         rows.append({**row, "params": mm["params"], "steps": mm["steps"], "kl": mm["kl_bits"], "score": score(mm),
                      "stored_accuracy": mm.get("groups", {}).get("stored", {}).get("accuracy"),
-                     "converged": converged(os.path.join(out, c["name"], "log.csv")),
+                     "flat": flat(os.path.join(out, c["name"], "log.csv")),
                      "state_floats": models.state_floats(c["family"], cfg, mm["config"]["max_len"])})
     return rows
 
@@ -332,13 +399,14 @@ def sweep_lines(rows):
     head = f"{'family':<12}{'point':<10}{'params':>9}{'steps':>7}{'KL (bits)':>11}{'score':>8}{'stored acc.':>12}  {'state':>9}  flat"
     out = [head, "-" * len(head)]
     for r in rows:
-        if "sits_out" in r:
-            out.append(f"{r['family']:<12}{r['point']:<10}  sits out: {r['sits_out']}")
+        if "sits_out" in r or "failed" in r:
+            out.append(f"{r['family']:<12}{r['point']:<10}  {'sits out' if 'sits_out' in r else 'failed'}: "
+                       f"{r.get('sits_out') or r.get('failed')}")
             continue
         acc = "" if r["stored_accuracy"] is None else f"{r['stored_accuracy']:.3f}"
         out.append(f"{r['family']:<12}{r['point']:<10}{r['params']:>9,}{r['steps']:>7}{r['kl']:>11.4g}{r['score']:>8.3f}"
                    f"{acc:>12}  {r['state_floats'] if r['state_floats'] is not None else 'n/a':>9}  "
-                   f"{'yes' if r['converged'] else 'no (unconverged)'}")
+                   f"{'yes' if r['flat'] else 'no (unconverged)'}")
     return out
 
 
@@ -347,12 +415,12 @@ def lines(rows):
     out = [head, "-" * len(head)]
     for r in rows:
         fam = r["family"] + (f", {r['layers']} layers" if r["layers"] else "")
-        if "sits_out" in r:
-            out.append(f"{r['task']:<10}{fam:<20}  sits out: {r['sits_out']}")
+        if "sits_out" in r or "failed" in r:
+            out.append(f"{r['task']:<10}{fam:<20}  {r['verdict']}: {r.get('sits_out') or r.get('failed')}")
             continue
-        x4 = f"; 4x the steps: score {r['score_4x']:.3f}" if "score_4x" in r else ""
+        x4 = f"; 4x the steps: score {shown(r['score_4x'])}" if "score_4x" in r else ""
         out.append(f"{r['task']:<10}{fam:<20}{r['params']:>9,}{r['steps']:>8}  "
-                   f"{' / '.join(f'{k:.3g}' for k in r['kl']):<24}{' / '.join(f'{s:.3f}' for s in r['score']):<16}"
+                   f"{' / '.join(f'{k:.3g}' for k in r['kl']):<24}{' / '.join(shown(s) for s in r['score']):<16}"
                    f"{r['verdict']:<14}{'' if r['authors'] is None else r['authors'] + ' (' + r['agreement'] + ')'}{x4}")
     return out
 
@@ -384,19 +452,22 @@ def main(argv_=None):
         return
     out = a.out or os.path.join("runs", "matrix" + ("-quick" if a.preset == "quick" else ""))
     results = run(a.preset, out, a.seeds, a.jobs)
-    rows = table(results, a.preset, a.seeds)
+    floors = {t: floor_score(t, a.preset) for t in tasks.TASKS}
+    rows = table(results, a.preset, a.seeds, floors=floors)
     extra = followups(rows, a.preset, a.seeds) if a.confirm else []
     if extra:                                          # a third seed and a 4x run where the authors disagree
         results.update(run(a.preset, out, a.seeds, a.jobs, todo=extra))
-        rows = table(results, a.preset, a.seeds, extra)
+        rows = table(results, a.preset, a.seeds, extra, floors)
+    print("the shortcuts' scores (the best without each task's primitive; a mark must beat them): " + ", ".join(
+        f"{t} {'uniform, 0' if f is None else shown(f)}" for t, f in floors.items()))
     with open(os.path.join(out, "matrix.json"), "w") as f:
-        json.dump(dict(preset=a.preset, thresholds=dict(good=GOOD, partial=PARTIAL), primitive=PRIMITIVE,
-                       rows=rows), f, indent=1)
+        json.dump(dict(preset=a.preset, thresholds=dict(good=GOOD, partial=PARTIAL, shortcut_margin=SHORTCUT_MARGIN),
+                       floors=floors, primitive=PRIMITIVE, rows=rows), f, indent=1)
     print("\n".join(lines(rows)))
     import plots
     os.makedirs(a.figures, exist_ok=True)
     path = plots.plot_primitives(rows, os.path.join(a.figures, "primitives" + ("-quick" if a.preset == "quick" else "")
-                                                    + ".png"), GOOD, PARTIAL, PRIMITIVE)
+                                                    + ".png"), GOOD, PARTIAL, PRIMITIVE, floors)
     curves = plots.plot_learning_curves(learning_curves(results, out, a.preset, a.seeds),
                                         path.replace(".png", "-curves.png"))
     print(f"{os.path.join(out, 'matrix.json')}; figures {path}, {curves}")

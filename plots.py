@@ -149,10 +149,11 @@ def plot_variants(curves, path, label_format="{}", xlabel="answer index i", titl
     return _save(fig, path)
 
 
-def plot_primitives(rows, path, good, partial, primitive=None):
+def plot_primitives(rows, path, good, partial, primitive=None, floors=None):
     """The measured matrix (matrix.table rows): families (and the transformer's depth rows) down, tasks across,
     each cell coloured by its score (mean over seeds), the scores per seed and the mark printed; the authors'
-    hand-drawn mark beside it where their figure has the cell; primitive: {task: what it exercises}."""
+    hand-drawn mark beside it where their figure has the cell; primitive: {task: what it exercises}; floors:
+    {task: its shortcut's score}, under the task's name."""
     plt = _plt()
     task_names = list(dict.fromkeys(r["task"] for r in rows))
     fams = list(dict.fromkeys((r["family"], r["layers"]) for r in rows))
@@ -160,12 +161,14 @@ def plot_primitives(rows, path, good, partial, primitive=None):
     fig, ax = plt.subplots(figsize=(2.2 + 2.3 * len(task_names), 1.2 + 0.62 * len(fams)))
     for r in rows:
         i, j = fams.index((r["family"], r["layers"])), task_names.index(r["task"])
-        grid[i, j] = np.mean(r["score"])
+        grid[i, j] = np.mean(r["score"]) if r["score"] else np.nan      # a cell sitting out: blank
         authors = "" if r.get("authors") is None else f"\nauthors: {r['authors']}"
-        ax.text(j, i, " / ".join(f"{s:.2f}" for s in r["score"]) + f"  {r['verdict']}{authors}", ha="center",
+        ax.text(j, i, " / ".join(f"{np.floor(s * 100) / 100:.2f}" for s in r["score"]) + f"  {r['verdict']}{authors}",
+                ha="center",
                 va="center", fontsize=7)
     im = ax.imshow(np.clip(grid, 0, 1), cmap="RdYlGn", vmin=0, vmax=1, aspect="auto")
-    ax.set_xticks(range(len(task_names)), [t + (f"\n({primitive[t]})" if primitive and t in primitive else "")
+    floor = lambda t: "" if not floors or floors.get(t) is None else f"; shortcut {np.floor(floors[t] * 100) / 100:.2f}"
+    ax.set_xticks(range(len(task_names)), [t + (f"\n({primitive[t]}{floor(t)})" if primitive and t in primitive else "")
                                            for t in task_names])
     ax.set_yticks(range(len(fams)), [f + (f", {L} layers" if L else "") for f, L in fams])
     fig.colorbar(im, ax=ax, label="score: 1 - KL(model) / KL(uniform)")
@@ -219,7 +222,7 @@ def plot_learning_curves(curves, path):
 
 def plot_sweep(rows, path, sweep):
     """A recall sweep (matrix.sweep_table rows): each family's score against the stored pairs (capacity) or the
-    filler (distance), a hollow marker where the run had not converged, each point labelled with the floats
+    filler (distance), a hollow marker where its training loss was not flat (matrix.flat), each point labelled with the floats
     its family carries from step to step; the families that sit a point out named in the legend."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7.6, 4.6))
@@ -227,12 +230,12 @@ def plot_sweep(rows, path, sweep):
     x_of = lambda r: int(r["point"][len(key):])
     for c, fam in enumerate(dict.fromkeys(r["family"] for r in rows)):
         mine = sorted((r for r in rows if r["family"] == fam), key=x_of)
-        ran = [r for r in mine if "sits_out" not in r]
-        out = [x_of(r) for r in mine if "sits_out" in r]
+        ran = [r for r in mine if "sits_out" not in r and "failed" not in r]
+        out = [x_of(r) for r in mine if "sits_out" in r or "failed" in r]
         label = fam + (f" (sits out at {', '.join(map(str, out))})" if out else "")
         ax.plot([x_of(r) for r in ran], [r["score"] for r in ran], "-", color=f"C{c}", label=label)
         for r in ran:
-            ax.plot(x_of(r), r["score"], "o", color=f"C{c}", mfc=f"C{c}" if r["converged"] else "white")
+            ax.plot(x_of(r), r["score"], "o", color=f"C{c}", mfc=f"C{c}" if r["flat"] else "white")
             if r["state_floats"] is not None:
                 ax.annotate(f"{r['state_floats']:,}", (x_of(r), r["score"]), fontsize=6, xytext=(3, 3),
                             textcoords="offset points", color=f"C{c}")
@@ -240,7 +243,7 @@ def plot_sweep(rows, path, sweep):
     ax.set_xlabel("stored pairs" if key == "pairs" else "longest filler run (8 pairs)")
     ax.set_ylabel("score: 1 - KL(model) / KL(uniform)")
     ax.set_title(f"recall: {'capacity' if key == 'pairs' else 'distance'} (numbers: floats carried from step to "
-                 f"step; hollow: not converged)", fontsize=9)
+                 f"step; hollow: not flat at the end)", fontsize=9)
     ax.legend(frameon=False, fontsize=7)
     ax.grid(alpha=0.3)
     fig.tight_layout()

@@ -146,6 +146,25 @@ def prior_gap_bits(s, n=20_000, seed=0):
 # ----------------------------------------------------------------------------
 # the sampler and the exact posterior
 
+def shortcut(batch, s):
+    """The best answer without binding (matrix.py's floor for recall): it knows which keys were stored and
+    the values that were, but not which value goes with which key: a stored key gets the stored values in
+    their proportions (the pilot: those stored before it), an unstored key the prior. -> (n, T, V)."""
+    n_keys, n_values = s["n_keys"], s["n_values"]
+    STORE = tokens_of(n_keys, n_values)[0]
+    tokens, mask = batch["tokens"], batch["mask"] > 0
+    n, T = tokens.shape
+    q = np.full((n, T, n_values), 1.0 / n_values)
+    for b in range(n):
+        at = np.flatnonzero(tokens[b] == STORE) + 1                  # the stored keys' positions
+        for t in np.flatnonzero(mask[b]):
+            before = at[at < t]                                        # the pairs stored before this answer
+            keys, values = tokens[b, before], tokens[b, before + 2] - n_keys
+            if tokens[b, t] in set(keys):
+                q[b, t] = np.bincount(values, minlength=n_values) / len(values)
+    return q
+
+
 def tokens_of(n_keys, n_values):
     """-> STORE, SEP, QUERY, FILL token ids."""
     base = n_keys + n_values

@@ -125,6 +125,26 @@ def batch(rng, n, V=20, n_pairs=None, alphabet=None):
                 groups={"final query": query_mask})
 
 
+def shortcut(batch, s):
+    """The best answer without a lookup (matrix.py's floor for the sawtooth): it tells a repeated key from a
+    new one and knows which values were seen, but not which value went with which key: a new key gets the
+    unseen values uniformly (exact), a repeated key (and the final query) the seen values uniformly.
+    -> (n, T, V)."""
+    V = s["V"]
+    tokens, mask = batch["tokens"], batch["mask"] > 0
+    n, T = tokens.shape
+    q = np.full((n, T, V), 1.0 / V)
+    for b in range(n):
+        for t in np.flatnonzero(mask[b]):
+            keys, values = tokens[b, 0:t:2], tokens[b, 1:t:2]          # the pairs before position t
+            keys = keys[:len(values)]
+            seen = np.zeros(V, bool)
+            seen[values] = True
+            pool = seen if tokens[b, t] in set(keys) else ~seen
+            q[b, t] = pool / pool.sum()
+    return q
+
+
 def distinct_keys_distribution(V, n):
     """P(m distinct keys among n iid uniform draws from V), m = 0..V: (V + 1,). By the recursion
     P_{n+1}(m) = P_n(m) m / V + P_n(m - 1) (V - m + 1) / V, P_0 = [1, 0, ...]."""

@@ -23,6 +23,9 @@ and, where it has them:
                                           metrics[VARIANTS] by label, the run's own settings first;
                                           VARIANT_FORMAT, VARIANT_TITLE how tables and figures name them
     ANSWER_LABEL                          what the figures call the i-th answer
+    shortcut(batch, s) -> (n, T, K)       the best predictor without the primitive the task exercises
+                                          (the HMM: no filtering; recall: no binding; the sawtooth: no
+                                          lookup): matrix.py's floor for a mark (default: the uniform prior)
     what the geometry probes read (manifold.PROBE_HOOKS): hypothesis_tokens, token_groups, token_names,
                                           evidence_masks, row_split, graded_rows, swap_query (a task
                                           without them is refused by geometry.py in one line)
@@ -79,6 +82,13 @@ def sample(name, rng, n, s, step=None):
 
 def prior_gap_bits(name, s):
     return float(task(name).prior_gap_bits(s))
+
+
+def shortcut(name, batch, s):
+    """The task's no-primitive predictor on a batch (n, T, K), or None where it names none (the floor is then
+    the uniform prior)."""
+    mod = task(name)
+    return mod.shortcut(batch, s) if hasattr(mod, "shortcut") else None
 
 
 def held_out_sets(name, s, n, seed):
