@@ -26,7 +26,7 @@ from scipy import stats
 import bijection
 import models
 import optim
-import plots
+import plots_dynamics
 import runs
 import sticky
 import training
@@ -663,8 +663,8 @@ def compare_em(seeds=SEEDS, steps=1000, out_dir=None, quick=False, mstep_steps=N
     out["final_params_first_seed"] = {m: long_runs[m][0]["params"] for m in long_runs}
     out["seconds_total"] = time.perf_counter() - t_start + sum(units["earlier"].values())
     os.makedirs(out_dir, exist_ok=True)
-    plots.plot_em_vs_sgd(out, os.path.join(out_dir, "em_vs_sgd.png"))
-    plots.plot_two_timescales(out, os.path.join(out_dir, "two_timescales.png"))
+    plots_dynamics.plot_em_vs_sgd(out, os.path.join(out_dir, "em_vs_sgd.png"))
+    plots_dynamics.plot_two_timescales(out, os.path.join(out_dir, "two_timescales.png"))
     out = plain(out)
     # every number in dynamics.json; the per-step curves (about 2 MB) in curves.json beside it
     heavy = ("curves", "final_params_first_seed")
@@ -849,7 +849,7 @@ def run_deep(chain="exact", steps=1000, out_dir=None, seeds=SEEDS, lr=DEEP_LR, s
     out = plain(deep_variant(seeds=seeds, steps=steps, lr=lr, T=T, chain=chain, out_dir=out_dir, stop=stop,
                              progress=progress))
     path = os.path.join(out_dir, "deep_variant.json")
-    plots.plot_deep_variant(out, os.path.join(out_dir, "deep_variant.png"))
+    plots_dynamics.plot_deep_variant(out, os.path.join(out_dir, "deep_variant.png"))
     write_json(path, {**out, "per_seed": [{k: v for k, v in r.items() if k != "train_loss_bits"}
                                           for r in out["per_seed"]]})
     print(f"deep variant ({chain} chain): held-out {out['test_loss_bits_mean']:.4f} +- {out['test_loss_std_bits']:.4f} "

@@ -23,7 +23,7 @@ import bayesattn as ba  # noqa: E402
 import formation  # noqa: E402
 from layers import softmax  # noqa: E402
 import models  # noqa: E402
-import plots  # noqa: E402
+import plots_geometry  # noqa: E402
 import runs  # noqa: E402
 import tasks  # noqa: E402
 from checkpoints import load_checkpoint, plain, versions, write_json  # noqa: E402
@@ -134,22 +134,22 @@ def _analyze(checkpoint_path, fig_dir, n_seqs, seed):
                  independent=verdicts.SWAP_INDEPENDENT, noise_z=verdicts.NOISE_Z)
     out["figures"] = []
     if frame is not None:
-        out["figures"].append(plots.plot_key_frame(frame, matrices, cfg, title, fig("key_frame"), authors["key_frame"],
+        out["figures"].append(plots_geometry.plot_key_frame(frame, matrices, cfg, title, fig("key_frame"), authors["key_frame"],
                                                    v["key_frame"], verdicts.NOISE_Z))
     if ran("attention_maps"):
-        out["figures"].append(plots.plot_attention_maps(cache, batch["tokens"][0],
+        out["figures"].append(plots_geometry.plot_attention_maps(cache, batch["tokens"][0],
                                                         token_names(task, cfg, batch["tokens"][0]), cfg, title,
                                                         fig("attention_maps")))
     if att is not None:
-        out["figures"].append(plots.plot_attention_entropy(att, task, cfg, title, fig("attention_entropy"),
+        out["figures"].append(plots_geometry.plot_attention_entropy(att, task, cfg, title, fig("attention_entropy"),
                                                            v["sharpening"], **rules))
     if man is not None:
-        out["figures"].append(plots.plot_manifold(man, xy, title, fig("value_manifold"), v["manifold"]))
-    out["figures"] += [plots.plot_logit_lens(lens, title, fig("logit_lens")),
-                       plots.plot_ablations(abl, title, fig("ablations"), v["frame_head"], verdicts.ESSENTIAL,
+        out["figures"].append(plots_geometry.plot_manifold(man, xy, title, fig("value_manifold"), v["manifold"]))
+    out["figures"] += [plots_geometry.plot_logit_lens(lens, title, fig("logit_lens")),
+                       plots_geometry.plot_ablations(abl, title, fig("ablations"), v["frame_head"], verdicts.ESSENTIAL,
                                             verdicts.IN_DISTRIBUTION, verdicts.NOISE_Z)]
     if fp is not None:
-        out["figures"].append(plots.plot_frame_precision(fp, title, fig("frame_precision"), v["frame_precision"]))
+        out["figures"].append(plots_geometry.plot_frame_precision(fp, title, fig("frame_precision"), v["frame_precision"]))
     write_json(os.path.join(run_dir, "geometry.json"), out)
     return out
 
@@ -202,9 +202,9 @@ def _state_probes(checkpoint_path, params, cfg, meta, task, settings, batch, n_s
         "clusters": cluster_probe_of(name, cfg, batch, task, cache, seed),
         **({"skipped_probes": {p: r for p, r in skip.items() if p == "manifold"}} if "manifold" in skip else {})})
     out["verdicts"] = v = plain(verdicts.judge(out, claims=[c for c in ("manifold", "state_clusters") if c not in skip]))
-    out["figures"] = [plots.plot_manifold(man, xy, title, fig("value_manifold"), v["manifold"])] if man else []
+    out["figures"] = [plots_geometry.plot_manifold(man, xy, title, fig("value_manifold"), v["manifold"])] if man else []
     if lens is not None:
-        out["figures"].append(plots.plot_logit_lens(lens, title, fig("logit_lens")))
+        out["figures"].append(plots_geometry.plot_logit_lens(lens, title, fig("logit_lens")))
     write_json(os.path.join(run_dir, "geometry.json"), out)
     return out
 

@@ -555,16 +555,16 @@ def test_key_offset_and_participation_ratio_by_hand():
 
 
 def ablation_figure(monkeypatch, verdict, uniform=1.0, model=0.1):
-    """Draw plots.plot_ablations on two heads and keep the figure: -> (suptitle, the red tick labels)."""
-    import plots
+    """Draw plots_geometry.plot_ablations on two heads and keep the figure: -> (suptitle, the red tick labels)."""
+    import plots_geometry
     kept = {}
-    monkeypatch.setattr(plots, "_save", lambda fig, path, dpi=120: kept.setdefault("fig", fig) and path)
+    monkeypatch.setattr(plots_geometry, "_save", lambda fig, path, dpi=120: kept.setdefault("fig", fig) and path)
     head = lambda l, h, d: dict(layer=l, head=h, delta_kl_bits=d, delta_kl_se_bits=0.01, kl_bits=model + d)
     methods = {m: {"heads": [head(0, 0, 0.8), head(0, 1, 0.6 if m == "position_mean" else 0.2)],
                    "layers": [dict(layer=0, kl_bits=0.9)]} for m in ("zero", "position_mean", "resample")}
     abl = dict(methods=methods, heads=[dict(layer=0, head=0), dict(layer=0, head=1)],
                baseline=dict(kl_bits=model), uniform_kl_bits=uniform)
-    plots.plot_ablations(abl, "toy", "unused.png", verdict, 0.5, ("position_mean", "resample"))
+    plots_geometry.plot_ablations(abl, "toy", "unused.png", verdict, 0.5, ("position_mean", "resample"))
     fig = kept["fig"]
     red = [t.get_text() for t in fig.axes[0].get_xticklabels() if t.get_color() == "C3"]
     return fig._suptitle.get_text(), red
