@@ -9,7 +9,6 @@ import pytest
 import evaluation
 import recall
 import tasks
-import windtunnels as wt
 
 
 @pytest.mark.parametrize("layout", ["store", "pilot"])
