@@ -97,7 +97,7 @@ FLAGS = {"--pairs": dict(setting="pairs", type=int, check=check_pairs,
                                "with replacement, answers also at every stored key; the authors' pilot)"),
          "--recall-curriculum": dict(setting="pair_curriculum", type=str, check=check_curriculum, quote=True,
                                      help="recall: fewer stored pairs first, stages pairs:until_step (e.g. "
-                                          "2:1000,4:2000); the targets stay exact (default: none)")}
+                                          "2:1000,4:2000); the targets stay exact (default: from the preset, 2:500,4:1500)")}
 PRESETS = {
     # the model's sizes are its family's (models.py: PRESETS). The pair curriculum: without it the transformer
     # had not formed the lookup by step 8,000 (training loss 2.0 bits above the exact posterior's, of the
