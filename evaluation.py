@@ -10,6 +10,9 @@ The numbers every document here reports, each defined once:
     impossible_mass        the mean model probability on answers the posterior rules out (a probability)
     prior_kl_bits          the mean KL(posterior || uniform): the KL of a predictor that ignores the context,
                            the denominator of the score that reads the same on every task (matrix.py)
+    prior_only             that uniform predictor's paper metric, per-sequence MAE and KL on the same answers
+                           (the summary table's "prior only" row: measured, so it moves with the held-out
+                           sample as the models' rows do, where tasks.prior_gap_bits is its expectation)
 The answers of a row are its supervised positions (mask > 0) but those its query_mask marks (the
 sawtooth's final query), which the paper's curve leaves out. Rows may have their answers at other
 positions, and other numbers of them; the i-th answer of a row is its i-th supervised position.
@@ -98,9 +101,10 @@ def evaluate(predict, batch):
     ce_model = -np.log2(np.maximum(np.take_along_axis(q, y, -1)[..., 0], wt.TINY))
     ce_bayes = -np.log2(np.maximum(np.take_along_axis(post, y, -1)[..., 0], wt.TINY))
     at = lambda a, i: float(masked_mean(a[:, i], valid[:, i]))
-    uniform = np.full(q.shape[-1], 1.0 / q.shape[-1])
+    uniform = np.full(q.shape, 1.0 / q.shape[-1])                   # (n, P, K)
+    prior_only = calibration(uniform, post, valid)[0]
     metrics.update(
-        prior_kl_bits=float(masked_mean(wt.kl_bits(post, uniform), valid)),
+        prior_kl_bits=prior_only["kl_bits"], prior_only=prior_only,
         excess_ce_bits=float(masked_mean(ce_model, valid) - masked_mean(ce_bayes, valid)),
         impossible_mass=float(masked_mean(impossible, valid)),
         per_position=[dict(position=int(i + 1), H_model=at(h_model, i), H_bayes=at(h_bayes, i), kl=at(kl, i),

@@ -414,6 +414,27 @@ def test_frame_overlap_chance_and_plateau_by_hand():
 
 def test_welch_bound_for_twenty_hypotheses_in_heads_of_sixteen():
     """sqrt((n - d) / (d (n - 1))) = sqrt(4 / 304) = 0.1147 for n = 20, d = 16 (the issue's 'at least 0.115')."""
-    import manifold as mf
     import measures as ms
     assert ms.welch_rms_bound(20, 16) == pytest.approx(math.sqrt(4 / 304)) and ms.welch_rms_bound(20, 16) == pytest.approx(0.11471, abs=1e-5)
+
+
+def test_the_prior_only_row_is_the_uniform_predictor_measured_on_the_same_answers():
+    """Three answers, K = 4: row 0 one-hot (H 0) then uniform (H 2), row 1 two-way (H 1). The uniform
+    predictor's |2 - H| and KL are 2, 0, 1: per-sequence MAE and KL 1.0 bit; the paper metric averages H over
+    rows first, index 1 |2 - 0.5| = 1.5 and index 2 |2 - 2| = 0, so 0.75. The summary table prints these,
+    not the prior's expected gap it is handed (here 9.0, which it prints only for rows without them)."""
+    post = np.full((2, 2, 4), 0.25)
+    post[0, 0] = [1.0, 0, 0, 0]
+    post[1, 0] = [0.5, 0.5, 0, 0]
+    batch = dict(tokens=np.zeros((2, 2), dtype=int), targets=np.zeros((2, 2), dtype=int),
+                 mask=np.array([[1.0, 1.0], [1.0, 0.0]]), posterior=post)
+    m = evaluate(lambda tok: np.full((2, 2, 4), 0.25), batch)[0]
+    assert m["prior_only"]["entropy_mae_bits"] == pytest.approx(0.75, abs=1e-12)
+    assert m["prior_only"]["entropy_mae_seq_bits"] == pytest.approx(1.0, abs=1e-12)
+    assert m["prior_only"]["kl_bits"] == m["prior_kl_bits"] == pytest.approx(1.0, abs=1e-12)
+    from train import summary_table
+    row = next(line for line in summary_table({"m": m}, prior_gap=9.0).splitlines() if line.startswith("prior only"))
+    assert row.split()[2:] == ["0.75", "1", "1"]
+    del m["prior_only"]
+    row = next(line for line in summary_table({"m": m}, prior_gap=9.0).splitlines() if line.startswith("prior only"))
+    assert row.split()[2:] == ["9", "9", "9"]
