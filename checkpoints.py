@@ -192,7 +192,7 @@ def meta_problem(meta):
             key = spec["setting"]
             if meta.get(key) is not None:
                 value = meta[key]
-                if not isinstance(value, spec["type"]) or isinstance(value, bool):
+                if not isinstance(value, spec["type"]) or (isinstance(value, bool) and spec["type"] is not bool):
                     return f"has {key}={value!r}; allowed is a value of type {spec['type'].__name__}"
                 problem = spec["check"](value, settings)
                 if problem:

@@ -39,7 +39,7 @@ import importlib
 
 import numpy as np
 
-TASKS = {"bijection": "bijection", "sawtooth": "sawtooth", "hmm": "hmm", "recall": "recall"}
+TASKS = {"bijection": "bijection", "sawtooth": "sawtooth", "hmm": "hmm", "recall": "recall", "hops": "hops"}
 EVAL_SEED = 1_000_003       # held-out data never overlaps the training stream (seeds (seed, step))
 
 

@@ -1,0 +1,192 @@
+"""hops: multi-hop lookup, as a task of tasks.TASKS: how many steps of inference a fixed depth can take.
+
+A fresh random permutation f of V symbols per sequence, shown as pairs `k f(k)` in a random order, with
+`hidden` of the pairs left out (which ones: drawn per sequence, independently of f). Then a query
+`Q x H_h`: follow f from x for h hops (h drawn per sequence, uniformly from 1 to max_hops).
+    k_1 v_1 k_2 v_2 ... k_(V-m) v_(V-m)  Q x H_h  [c_1 ... c_(h-1)]  FILL ...
+Direct (the default): the model predicts f^h(x) at H_h. Chain of thought (cot): the model writes the
+chain one hop per token: at H_h it predicts c_1 = f(x), at c_j it predicts f^(j+1)(x), teacher-forced (the
+true c_j is the next input), so its last answer is f^h(x).
+
+The exact posterior. Given what is shown, f is uniform over its completions: the m hidden keys (those not
+shown) go to the m hidden values (those no shown pair maps to), one of m! ways, each equally likely (the
+prior over permutations is uniform and which pairs are hidden does not depend on f). So the posterior of
+f^h(x) is the share of completions that send x there in h hops, and a chain of thought's j-th hop, given
+the hops before it, is the same share among the completions that agree with those hops (completions).
+A chain that never meets a hidden key has a one-hot answer; one that does is uncertain from there on.
+By the chain rule, a model calibrated at every hop that samples its own chain ends on f^h(x) distributed
+as the direct posterior (cot.py measures it).
+
+Answer groups (evaluation.group_metrics): "h=1" ... "h=<max_hops>", each sequence's final answer by its
+h; with cot also "hops before the last" (the intermediate hops).
+
+Tokens: symbol s is token s (the answers' classes are the symbols), hop count h is token V + h - 1, then
+Q and FILL. Notation: n sequences, T tokens, V symbols, m hidden pairs, H max_hops, C completions (m!).
+"""
+import itertools
+import math
+
+import numpy as np
+
+SETTINGS = {"n_symbols": 16, "hidden": 3, "max_hops": 4, "cot": False}
+MAX_COMPLETIONS = 720          # m! completions are enumerated for every sequence: m <= 6
+TINY = {"train": {"n_symbols": 5, "hidden": 1, "max_hops": 2},              # 11 positions
+        "grad": {"n_symbols": 6, "hidden": 2, "max_hops": 3, "cot": True}}  # 13 positions, up to three hops
+ANSWER_LABEL = "answer j (direct: the one answer; cot: hop j)"
+LAST = "hops before the last"  # the cot's intermediate answers, a group of their own
+
+
+def check_symbols(v, s):
+    return None if v >= 2 else "hops needs at least 2 symbols"
+
+
+def check_hidden(m, s):
+    if m < 0:
+        return "the hidden pairs cannot be negative"
+    if math.factorial(m) > MAX_COMPLETIONS:
+        return f"{m} hidden pairs have {math.factorial(m)} completions to enumerate; at most 6 (720)"
+    if s.get("n_symbols") is not None and m > s["n_symbols"]:
+        return f"{m} hidden pairs of {s['n_symbols']} symbols"
+    return None
+
+
+def check_hops(h, s):
+    return None if h >= 1 else "hops needs at least 1 hop"
+
+
+FLAGS = {"--symbols": dict(setting="n_symbols", type=int, check=check_symbols,
+                           help="hops: the symbols the permutation acts on (default 16)"),
+         "--hidden": dict(setting="hidden", type=int, check=check_hidden,
+                          help="hops: pairs left out per sequence, 0 to 6 (default 3)"),
+         "--max-hops": dict(setting="max_hops", type=int, check=check_hops,
+                            help="hops: the query's hops are drawn from 1 to this (default 4)"),
+         "--cot": dict(setting="cot", type=bool, check=lambda v, s: None,
+                       help="hops: chain of thought, one hop per token, each supervised against its exact "
+                            "posterior given the hops before it (teacher-forced)")}
+PRESETS = {
+    "quick":   dict(batch=16, steps=60, lr=3e-3, warmup=10),
+    "default": dict(batch=64, steps=4000, lr=3e-3, warmup=100),
+    "paper":   dict(batch=64, steps=20000, lr=2e-3, warmup=300, lr_floor=0.0),
+}
+
+
+# ----------------------------------------------------------------------------
+# the task protocol
+
+def sizes(s):
+    V, H = s["n_symbols"], s["max_hops"]
+    T = 2 * (V - s["hidden"]) + 3 + (H - 1 if s["cot"] else 0)
+    return dict(vocab=V + H + 2, classes=V, max_len=T, eval_len=T)
+
+
+def sample(rng, n, s, step=None):
+    return batch(rng, n, **s)
+
+
+def prior_gap_bits(s, n=20_000, seed=0):
+    """The paper metric of a prior-only predictor (uniform over the symbols): log2 V - E[H_Bayes] over the
+    answers, Monte Carlo over n sequences (an answer's entropy depends on whether its chain meets a hidden
+    key)."""
+    b = sample(np.random.default_rng(seed), n, s)
+    from windtunnels import entropy_bits
+    return float(np.log2(s["n_symbols"]) - entropy_bits(b["posterior"][b["mask"] > 0]).mean())
+
+
+def tokens_of(n_symbols, max_hops):
+    """-> the hop-count token of h = 1 (h's is this + h - 1), Q, FILL."""
+    return n_symbols, n_symbols + max_hops, n_symbols + max_hops + 1
+
+
+# ----------------------------------------------------------------------------
+# the exact posterior
+
+def completions(f_shown, V):
+    """f_shown (n, V) int: f(k) where the pair k is shown, -1 where hidden -> (n, C, V) every completion of
+    each row's f: its hidden keys sent to its hidden values in each of the m! ways (the same m in every
+    row), in the order of itertools.permutations."""
+    n = len(f_shown)
+    hidden = f_shown < 0                                                        # (n, V)
+    m = int(hidden[0].sum())
+    if np.any(hidden.sum(1) != m):
+        raise ValueError("every row must hide the same number of pairs")
+    shown_values = np.zeros((n, V), bool)                                        # (n, V) v is some shown f(k)
+    r, k = np.nonzero(~hidden)
+    shown_values[r, f_shown[r, k]] = True
+    keys = np.argsort(~hidden, axis=1, kind="stable")[:, :m]                     # (n, m) the hidden keys
+    values = np.argsort(shown_values, axis=1, kind="stable")[:, :m]             # (n, m) the hidden values
+    perms = np.array(list(itertools.permutations(range(m))), dtype=np.int64).reshape(math.factorial(m), m)  # (C, m)
+    out = np.repeat(f_shown[:, None, :], len(perms), axis=1)                     # (n, C, V)
+    rows = np.arange(n)[:, None, None]
+    out[rows, np.arange(len(perms))[None, :, None], keys[:, None, :]] = values[:, perms]
+    return out
+
+
+def chains(fs, x, h):
+    """fs (n, C, V) maps, x (n,) start symbols -> (n, C, h + 1) each map's chain x, f(x), ..., f^h(x)."""
+    n, C, _ = fs.shape
+    out = np.empty((n, C, h + 1), dtype=np.int64)
+    out[:, :, 0] = x[:, None]
+    for j in range(h):
+        out[:, :, j + 1] = np.take_along_axis(fs, out[:, :, j:j + 1], axis=2)[:, :, 0]
+    return out
+
+
+def hop_posteriors(f_shown, x, h, chain):
+    """The exact posterior of every hop of every row. f_shown (n, V) (-1 where hidden), x (n,), h: the
+    largest hop asked, chain (n, h + 1) the true chain (teacher forcing) -> direct (n, h, V): row b's
+    posterior of f^j(x) given the shown pairs alone, at [b, j - 1]; cot (n, h, V): the same given also the
+    true hops before it, f(x) ... f^(j-1)(x)."""
+    n, V = f_shown.shape
+    walk = chains(completions(f_shown, V), x, h)                                # (n, C, h + 1)
+    C = walk.shape[1]
+    onehot = np.eye(V)[walk[:, :, 1:]]                                          # (n, C, h, V)
+    direct = onehot.mean(1)                                                     # (n, h, V)
+    agree = np.cumprod(walk[:, :, 1:] == chain[:, None, 1:], axis=2)            # (n, C, h): agrees to hop j
+    before = np.concatenate([np.ones((n, C, 1)), agree[:, :, :-1]], axis=2)     # agrees with the hops before j
+    cot = np.einsum("nch,nchv->nhv", before, onehot) / before.sum(1)[..., None]
+    return direct, cot
+
+
+def batch(rng, n, n_symbols=16, hidden=3, max_hops=4, cot=False):
+    """n sequences of the hops task (module docstring) -> a batch with groups "h=1".. and, with cot, LAST."""
+    V, m, H = n_symbols, hidden, max_hops
+    H1, Q, FILL = tokens_of(V, H)
+    T = sizes(dict(n_symbols=V, hidden=m, max_hops=H, cot=cot))["max_len"]
+    f = rng.permuted(np.tile(np.arange(V), (n, 1)), axis=1)                     # (n, V) the permutation
+    order = rng.permuted(np.tile(np.arange(V), (n, 1)), axis=1)                 # (n, V) a random order of keys
+    shown_keys = order[:, m:]                                                   # (n, V - m) in shown order
+    f_shown = np.full((n, V), -1, dtype=np.int64)
+    np.put_along_axis(f_shown, shown_keys, np.take_along_axis(f, shown_keys, 1), axis=1)
+    x = rng.integers(0, V, size=n)                                              # (n,) the start
+    h = rng.integers(1, H + 1, size=n)                                          # (n,) its hops
+    chain = chains(f[:, None, :], x, H)[:, 0]                                   # (n, H + 1) the true chain
+    direct, cot_post = hop_posteriors(f_shown, x, H, chain)                     # (n, H, V) each
+    tokens = np.full((n, T), FILL, dtype=np.int64)
+    targets = np.zeros((n, T), dtype=np.int64)
+    mask, posterior = np.zeros((n, T)), np.zeros((n, T, V))
+    P = 2 * (V - m)
+    tokens[:, 0:P:2], tokens[:, 1:P:2] = shown_keys, np.take_along_axis(f, shown_keys, 1)
+    tokens[:, P], tokens[:, P + 1], tokens[:, P + 2] = Q, x, H1 + h - 1
+    groups = {f"h={k}": np.zeros((n, T)) for k in range(1, H + 1)}
+    last = np.zeros((n, T))
+    rows = np.arange(n)
+    if not cot:
+        t = np.full(n, P + 2)
+        targets[:, P + 2], mask[:, P + 2] = chain[rows, h], 1.0
+        posterior[:, P + 2] = direct[rows, h - 1]
+    else:
+        for j in range(1, H + 1):                                               # hop j is answered at P + 1 + j
+            on = h >= j
+            t = P + 1 + j
+            if j > 1:
+                tokens[on, t] = chain[on, j - 1]                                 # the true hop before it
+            targets[on, t], mask[on, t] = chain[on, j], 1.0
+            posterior[on, t] = cot_post[on, j - 1]
+            last[on & (h > j), t] = 1.0
+        t = P + 1 + h
+    for k in range(1, H + 1):
+        groups[f"h={k}"][rows[h == k], t[h == k]] = 1.0
+    if cot and last.any():
+        groups[LAST] = last
+    return dict(tokens=tokens, targets=targets, mask=mask, posterior=posterior,
+                groups={g: w for g, w in groups.items() if w.any()})             # a group marks one answer or more
