@@ -28,6 +28,9 @@ import numpy as np
 
 import windtunnels as wt
 
+CONFIDENT, IMPLAUSIBLE = 0.5, 0.05  # hallucinated: more than half the mass on an answer the posterior gives < 5%
+DOUBT_BITS = 1.0                    # honest doubt: at least a coin flip's entropy where the posterior is certain
+
 
 def answers(batch):
     """-> positions (n, P) int and valid (n, P) bool: row b's i-th answer sits at positions[b, i] where
@@ -136,7 +139,10 @@ def group_metrics(q_all, batch, where):
     KL(posterior || model); excess_ce_bits, the mean cross-entropy of the targets under the model minus under
     the posterior; entropy_mae_seq_bits, the mean |H_model - H_Bayes|; h_model_bits and h_bayes_bits, the mean
     entropies; one_hot, the share of its answers whose posterior is one-hot, and where there are any,
-    accuracy: how often the model's argmax is that answer."""
+    accuracy: how often the model's argmax is that answer; and two shares of all its answers, defined
+    before any run read them: hallucinated, the model puts more than CONFIDENT of its mass on one answer
+    the posterior gives less than IMPLAUSIBLE (confident and wrong); honest_doubt, the posterior is one-hot,
+    the model's entropy is at least DOUBT_BITS and it does not hallucinate (unsure, but not wrong)."""
     q, post, y = q_all[where], batch["posterior"][where], batch["targets"][where]      # (N, K), (N, K), (N,)
     ce = lambda p: -np.log2(np.maximum(p[np.arange(len(y)), y], wt.TINY))             # (N,)
     h_model, h_bayes = wt.entropy_bits(q), wt.entropy_bits(post)
@@ -145,6 +151,9 @@ def group_metrics(q_all, batch, where):
                excess_ce_bits=float(ce(q).mean() - ce(post).mean()),
                entropy_mae_seq_bits=float(np.abs(h_model - h_bayes).mean()),
                h_model_bits=float(h_model.mean()), h_bayes_bits=float(h_bayes.mean()), one_hot=float(one_hot.mean()))
+    hallucinated = np.any((q > CONFIDENT) & (post < IMPLAUSIBLE), axis=-1)            # (N,)
+    out.update(hallucinated=float(hallucinated.mean()),
+               honest_doubt=float((one_hot & (h_model >= DOUBT_BITS) & ~hallucinated).mean()))
     if one_hot.any():
         out["accuracy"] = float((q[one_hot].argmax(-1) == post[one_hot].argmax(-1)).mean())
     return out

@@ -201,7 +201,8 @@ def group_line(name, g):
            if "accuracy" in g else "")
     return (f"{name} ({g['n_answers']:,} answers): KL {g['kl_bits']:.4g} bits, excess CE {g['excess_ce_bits']:.4g}, "
             f"per-seq MAE {g['entropy_mae_seq_bits']:.4g}, mean entropy {g['h_model_bits']:.4g} "
-            f"(exact {g['h_bayes_bits']:.4g})" + acc)
+            f"(exact {g['h_bayes_bits']:.4g})" + acc
+            + (f"; hallucinated {g['hallucinated']:.1%}, honest doubt {g['honest_doubt']:.1%}" if "hallucinated" in g else ""))
 
 
 def draw_figures(args, results, traces, fig_dir, run_name):
