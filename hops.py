@@ -143,7 +143,8 @@ def hop_posteriors(f_shown, x, h, chain):
     direct = onehot.mean(1)                                                     # (n, h, V)
     agree = np.cumprod(walk[:, :, 1:] == chain[:, None, 1:], axis=2)            # (n, C, h): agrees to hop j
     before = np.concatenate([np.ones((n, C, 1)), agree[:, :, :-1]], axis=2)     # agrees with the hops before j
-    cot = np.einsum("nch,nchv->nhv", before, onehot) / before.sum(1)[..., None]
+    with np.errstate(invalid="ignore", divide="ignore"):   # past a hop no completion agrees with (never on a
+        cot = np.einsum("nch,nchv->nhv", before, onehot) / before.sum(1)[..., None]   # true chain): NaN
     return direct, cot
 
 
@@ -189,4 +190,15 @@ def batch(rng, n, n_symbols=16, hidden=3, max_hops=4, cot=False):
     if cot and last.any():
         groups[LAST] = last
     return dict(tokens=tokens, targets=targets, mask=mask, posterior=posterior,
-                groups={g: w for g, w in groups.items() if w.any()})             # a group marks one answer or more
+                groups={g: w for g, w in groups.items() if w.any()},             # a group marks one answer or more
+                final_posterior=direct[rows, h - 1], final_target=chain[rows, h])   # (n, V), (n,): cot.py's
+
+
+def chain_layout(batch, s):
+    """cot.py's hook: -> (first (n,), hops (n,)): row b's hop j is predicted at first[b] + j - 1 and is the
+    input at first[b] + j (its answers are its supervised positions, one per hop); None for the direct
+    format (one answer per row: nothing to run free)."""
+    if not s["cot"]:
+        return None
+    mask = batch["mask"] > 0
+    return mask.argmax(1), mask.sum(1)

@@ -27,6 +27,7 @@ import time  # noqa: E402
 import numba  # noqa: E402
 import numpy as np  # noqa: E402
 
+import cot  # noqa: E402
 import layers  # noqa: E402
 import models  # noqa: E402
 import optim  # noqa: E402
@@ -151,10 +152,16 @@ def train_model(args, name, cfg, params, opt_state, start, steps, main, bar, cos
 # evaluation
 
 def evaluate_run(args, name, params, cfg):
-    """Held-out metrics, and on the task's variants (the HMM's longer K) the same under its VARIANTS key."""
+    """Held-out metrics, and on the task's variants (the HMM's longer K) the same under its VARIANTS key;
+    where the task's batches are chains of thought (its chain_layout), the model also runs free (cot.py) and
+    its final answers are scored against the exact posterior given the context alone, under "free_run"."""
     predict = lambda tok: models.predict_proba(name, params, tok, cfg)
     sets = tasks.held_out_sets(args.task, args.settings, args.eval_seqs, args.seed)
-    metrics, traces = evaluate(predict, sets.pop(""))
+    held_out = sets.pop("")
+    metrics, traces = evaluate(predict, held_out)
+    layout = getattr(tasks.task(args.task), "chain_layout", lambda batch, s: None)(held_out, args.settings)
+    if layout is not None:
+        metrics["free_run"] = cot.report(predict, held_out, layout)
     key = getattr(tasks.task(args.task), "VARIANTS", None)
     if key and sets:
         curves = {label: (metrics if batch is None else evaluate(predict, batch)[0]) for label, batch in sets.items()}
@@ -186,6 +193,14 @@ def summary_table(rows, prior_gap=None, task=None):
     lines.append(f"{'exact Bayes':<14}{'':>10}{0:>13}{0:>13}{0:>11}{0:>11}{0:>15}   (bits; p: a probability)")
     for name, m in rows.items():
         lines += [f"{name}, {group_line(g, v)}" for g, v in m.get("groups", {}).items()]
+        if "free_run" in m:                                    # a chain of thought run free, then greedily
+            free = m["free_run"]["free"]
+            lines.append(f"{name} writing its own chains (the first {free['rows']:,} sequences; free: every chain "
+                         f"of probability {free['prune']:g} or more, at most {free['beam']} a sequence, dropping "
+                         f"at most {free['dropped_mass_max']:.2g} of the mass; greedy: the argmax at each hop), "
+                         f"the final answers against the exact posterior given the context alone:")
+            lines += [f"{name}, {how}, {group_line(g, v)}" for how, r in m["free_run"].items()
+                      for g, v in r["groups"].items()]
         key = getattr(task, "VARIANTS", None)
         if key and key + "_all" in m:
             fmt = getattr(task, "VARIANT_FORMAT", "{}")
