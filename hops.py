@@ -20,6 +20,10 @@ as the direct posterior (cot.py measures it).
 Answer groups (evaluation.group_metrics): "h=1" ... "h=<max_hops>", each sequence's final answer by its
 h; with cot also "hops before the last" (the intermediate hops).
 
+A curriculum (--hops-curriculum V':S,...) draws the permutation on the first V' symbols before training step S,
+its pairs at the end of the pairs' places and FILL before them (so the query, the answers and T stay where
+they are); the posterior stays exact (over the V' symbols, zero on the others).
+
 Tokens: symbol s is token s (the answers' classes are the symbols), hop count h is token V + h - 1, then
 Q and FILL. Notation: n sequences, T tokens, V symbols, m hidden pairs, H max_hops, C completions (m!).
 """
@@ -28,7 +32,9 @@ import math
 
 import numpy as np
 
-SETTINGS = {"n_symbols": 16, "hidden": 3, "max_hops": 4, "cot": False}
+import windtunnels as wt
+
+SETTINGS = {"n_symbols": 16, "hidden": 3, "max_hops": 4, "cot": False, "symbol_curriculum": ""}
 MAX_COMPLETIONS = 720          # m! completions are enumerated for every sequence: m <= 6
 TINY = {"train": {"n_symbols": 5, "hidden": 1, "max_hops": 2},              # 11 positions
         "grad": {"n_symbols": 6, "hidden": 2, "max_hops": 3, "cot": True}}  # 13 positions, up to three hops
@@ -54,6 +60,17 @@ def check_hops(h, s):
     return None if h >= 1 else "hops needs at least 1 hop"
 
 
+def check_curriculum(text, s):
+    try:
+        stages = wt.parse_stages(text, s.get("n_symbols") or SETTINGS["n_symbols"], "symbols", "4:500,8:1500")
+    except ValueError as e:
+        return str(e)
+    hidden = s.get("hidden", SETTINGS["hidden"])
+    if any(V < max(hidden, 2) for _, V in stages):
+        return f"every stage needs at least 2 symbols and the {hidden} hidden pairs"
+    return wt.check_stages(stages, s.get("steps"))
+
+
 FLAGS = {"--symbols": dict(setting="n_symbols", type=int, check=check_symbols,
                            help="hops: the symbols the permutation acts on (default 16)"),
          "--hidden": dict(setting="hidden", type=int, check=check_hidden,
@@ -62,11 +79,14 @@ FLAGS = {"--symbols": dict(setting="n_symbols", type=int, check=check_symbols,
                             help="hops: the query's hops are drawn from 1 to this (default 4)"),
          "--cot": dict(setting="cot", type=bool, check=lambda v, s: None,
                        help="hops: chain of thought, one hop per token, each supervised against its exact "
-                            "posterior given the hops before it (teacher-forced)")}
+                            "posterior given the hops before it (teacher-forced)"),
+         "--hops-curriculum": dict(setting="symbol_curriculum", type=str, check=check_curriculum, quote=True,
+                                   help="hops: fewer symbols first, stages symbols:until_step (e.g. 4:500,8:1500); "
+                                        "the targets stay exact (default: from the preset)")}
 PRESETS = {
-    "quick":   dict(batch=16, steps=60, lr=3e-3, warmup=10),
-    "default": dict(batch=64, steps=4000, lr=3e-3, warmup=100),
-    "paper":   dict(batch=64, steps=20000, lr=2e-3, warmup=300, lr_floor=0.0),
+    "quick":   dict(batch=16, steps=60, lr=3e-3, warmup=10, symbol_curriculum="4:30"),
+    "default": dict(batch=64, steps=4000, lr=3e-3, warmup=100, symbol_curriculum="4:500,8:1500"),
+    "paper":   dict(batch=64, steps=20000, lr=2e-3, warmup=300, lr_floor=0.0, symbol_curriculum="4:500,8:1500"),
 }
 
 
@@ -80,7 +100,11 @@ def sizes(s):
 
 
 def sample(rng, n, s, step=None):
-    return batch(rng, n, **s)
+    """n sequences; the training loop passes its step, which picks the curriculum's symbols (held-out sets
+    pass none and see the task itself)."""
+    fields = {k: v for k, v in s.items() if k != "symbol_curriculum"}
+    active = wt.stage_at(wt.parse_stages(s.get("symbol_curriculum", ""), s["n_symbols"], "symbols", ""), step)
+    return batch(rng, n, **fields, active=active)
 
 
 def prior_gap_bits(s, n=20_000, seed=0):
@@ -88,8 +112,7 @@ def prior_gap_bits(s, n=20_000, seed=0):
     answers, Monte Carlo over n sequences (an answer's entropy depends on whether its chain meets a hidden
     key)."""
     b = sample(np.random.default_rng(seed), n, s)
-    from windtunnels import entropy_bits
-    return float(np.log2(s["n_symbols"]) - entropy_bits(b["posterior"][b["mask"] > 0]).mean())
+    return float(np.log2(s["n_symbols"]) - wt.entropy_bits(b["posterior"][b["mask"] > 0]).mean())
 
 
 def tokens_of(n_symbols, max_hops):
@@ -148,25 +171,29 @@ def hop_posteriors(f_shown, x, h, chain):
     return direct, cot
 
 
-def batch(rng, n, n_symbols=16, hidden=3, max_hops=4, cot=False):
-    """n sequences of the hops task (module docstring) -> a batch with groups "h=1".. and, with cot, LAST."""
+def batch(rng, n, n_symbols=16, hidden=3, max_hops=4, cot=False, active=None):
+    """n sequences of the hops task (module docstring) -> a batch with groups "h=1".. and, with cot, LAST.
+    active: the permutation acts on the first `active` symbols only (the curriculum; None: all)."""
     V, m, H = n_symbols, hidden, max_hops
+    A = V if active is None else active
     H1, Q, FILL = tokens_of(V, H)
     T = sizes(dict(n_symbols=V, hidden=m, max_hops=H, cot=cot))["max_len"]
-    f = rng.permuted(np.tile(np.arange(V), (n, 1)), axis=1)                     # (n, V) the permutation
-    order = rng.permuted(np.tile(np.arange(V), (n, 1)), axis=1)                 # (n, V) a random order of keys
-    shown_keys = order[:, m:]                                                   # (n, V - m) in shown order
-    f_shown = np.full((n, V), -1, dtype=np.int64)
+    f = rng.permuted(np.tile(np.arange(A), (n, 1)), axis=1)                     # (n, A) the permutation
+    order = rng.permuted(np.tile(np.arange(A), (n, 1)), axis=1)                 # (n, A) a random order of keys
+    shown_keys = order[:, m:]                                                   # (n, A - m) in shown order
+    f_shown = np.full((n, A), -1, dtype=np.int64)
     np.put_along_axis(f_shown, shown_keys, np.take_along_axis(f, shown_keys, 1), axis=1)
-    x = rng.integers(0, V, size=n)                                              # (n,) the start
+    x = rng.integers(0, A, size=n)                                              # (n,) the start
     h = rng.integers(1, H + 1, size=n)                                          # (n,) its hops
     chain = chains(f[:, None, :], x, H)[:, 0]                                   # (n, H + 1) the true chain
-    direct, cot_post = hop_posteriors(f_shown, x, H, chain)                     # (n, H, V) each
+    direct, cot_post = (np.pad(p, ((0, 0), (0, 0), (0, V - A)))                 # (n, H, V) each
+                        for p in hop_posteriors(f_shown, x, H, chain))
     tokens = np.full((n, T), FILL, dtype=np.int64)
     targets = np.zeros((n, T), dtype=np.int64)
     mask, posterior = np.zeros((n, T)), np.zeros((n, T, V))
-    P = 2 * (V - m)
-    tokens[:, 0:P:2], tokens[:, 1:P:2] = shown_keys, np.take_along_axis(f, shown_keys, 1)
+    P = 2 * (V - m)                                                             # the query's place
+    tokens[:, P - 2 * (A - m):P:2] = shown_keys                                 # the pairs end there
+    tokens[:, P - 2 * (A - m) + 1:P:2] = np.take_along_axis(f, shown_keys, 1)
     tokens[:, P], tokens[:, P + 1], tokens[:, P + 2] = Q, x, H1 + h - 1
     groups = {f"h={k}": np.zeros((n, T)) for k in range(1, H + 1)}
     last = np.zeros((n, T))

@@ -111,3 +111,23 @@ def test_a_checkpoints_meta_takes_a_boolean_setting_as_a_boolean():
     assert meta_problem(dict(task="hops", cot="yes")) == "has cot='yes'; allowed is a value of type bool"
     assert meta_problem(dict(task="hops", n_symbols=True)) == "has n_symbols=True; allowed is a value of type int"
     assert meta_problem(dict(task="hops", hidden=7)).startswith("has hidden=7: 7 hidden pairs have 5040")
+
+
+def test_the_curriculum_draws_fewer_symbols_where_the_task_puts_its_pairs():
+    """Before step 10 the permutation acts on 3 of 6 symbols: its one shown pair sits just before the query
+    (FILL before it), no answer names a symbol past 2, and the posterior is the brute force's over 3."""
+    s = tasks.settings("hops", {"n_symbols": 6, "hidden": 2, "max_hops": 3, "symbol_curriculum": "3:10"})
+    H1, Q, FILL = hops.tokens_of(6, 3)
+    b = hops.sample(np.random.default_rng(0), 20, s, step=9)
+    assert np.all(b["tokens"][:, :6] == FILL) and np.all(b["tokens"][:, 8] == Q)
+    assert np.all(b["posterior"][..., 3:] == 0) and b["posterior"].shape[-1] == 6
+    for row in range(20):
+        f_shown = -np.ones(3, dtype=int)
+        f_shown[b["tokens"][row, 6]] = b["tokens"][row, 7]
+        x, h = b["tokens"][row, 9], b["tokens"][row, 10] - H1 + 1
+        np.testing.assert_allclose(b["posterior"][row, 10, :3], brute_force(f_shown, x, h))
+    full = hops.sample(np.random.default_rng(0), 20, s, step=10)        # the task itself from step 10 on
+    assert not np.any(full["tokens"][:, :8] == FILL)
+    assert hops.check_curriculum("1:10", {"hidden": 2}) == "every stage needs at least 2 symbols and the 2 hidden pairs"
+    assert hops.check_curriculum("3:10", {**s, "steps": 10}).startswith("its last stage ends at step 10")
+    assert hops.check_curriculum("3:10,4:20", s) is None
