@@ -20,9 +20,11 @@ as the direct posterior (cot.py measures it).
 Answer groups (evaluation.group_metrics): "h=1" ... "h=<max_hops>", each sequence's final answer by its
 h; with cot also "hops before the last" (the intermediate hops).
 
-A curriculum (--hops-curriculum V':S,...) draws the permutation on the first V' symbols before training step S,
-its pairs at the end of the pairs' places and FILL before them (so the query, the answers and T stay where
-they are); the posterior stays exact (over the V' symbols, zero on the others).
+A curriculum (--hops-curriculum V':S,...) draws the permutation on V' of the symbols (drawn per sequence, so
+every class is an answer at every stage) before training step S, every one of its pairs shown (a hidden
+pair's symbols might appear nowhere, and the posterior would then depend on symbols the model never saw),
+at the end of the pairs' places with FILL before them (so the query, the answers and T stay where they
+are): every answer is then one-hot, and exact.
 
 Tokens: symbol s is token s (the answers' classes are the symbols), hop count h is token V + h - 1, then
 Q and FILL. Notation: n sequences, T tokens, V symbols, m hidden pairs, H max_hops, C completions (m!).
@@ -175,10 +177,12 @@ def batch(rng, n, n_symbols=16, hidden=3, max_hops=4, cot=False, active=None):
     """n sequences of the hops task (module docstring) -> a batch with groups "h=1".. and, with cot, LAST.
     active: the permutation acts on the first `active` symbols only (the curriculum; None: all)."""
     V, m, H = n_symbols, hidden, max_hops
-    A = V if active is None else active
+    A = V if active is None else active                                         # the symbols in play
+    if active is not None:      # every pair shown: the symbols in play are then the shown keys, seen by the
+        m = 0                   # model (a hidden one might be a symbol it never sees: no exact posterior)
     H1, Q, FILL = tokens_of(V, H)
-    T = sizes(dict(n_symbols=V, hidden=m, max_hops=H, cot=cot))["max_len"]
-    f = rng.permuted(np.tile(np.arange(A), (n, 1)), axis=1)                     # (n, A) the permutation
+    T = sizes(dict(n_symbols=V, hidden=hidden, max_hops=H, cot=cot))["max_len"]
+    f = rng.permuted(np.tile(np.arange(A), (n, 1)), axis=1)                     # (n, A) the permutation, on
     order = rng.permuted(np.tile(np.arange(A), (n, 1)), axis=1)                 # (n, A) a random order of keys
     shown_keys = order[:, m:]                                                   # (n, A - m) in shown order
     f_shown = np.full((n, A), -1, dtype=np.int64)
@@ -186,14 +190,20 @@ def batch(rng, n, n_symbols=16, hidden=3, max_hops=4, cot=False, active=None):
     x = rng.integers(0, A, size=n)                                              # (n,) the start
     h = rng.integers(1, H + 1, size=n)                                          # (n,) its hops
     chain = chains(f[:, None, :], x, H)[:, 0]                                   # (n, H + 1) the true chain
-    direct, cot_post = (np.pad(p, ((0, 0), (0, 0), (0, V - A)))                 # (n, H, V) each
-                        for p in hop_posteriors(f_shown, x, H, chain))
+    direct, cot_post = hop_posteriors(f_shown, x, H, chain)                     # (n, H, A) each
+    shown_values = np.take_along_axis(f, shown_keys, 1)                         # (n, A - m)
+    if active is not None:                                                      # symbols 0..A-1 stand for A
+        sym = rng.permuted(np.tile(np.arange(V), (n, 1)), axis=1)[:, :A]        # (n, A) of the V, drawn per row
+        onto = np.eye(V)[sym]                                                   # (n, A, V)
+        direct, cot_post = (np.einsum("nha,nav->nhv", p, onto) for p in (direct, cot_post))   # (n, H, V)
+        name = lambda a: np.take_along_axis(sym, a, 1)                          # local symbols -> tokens
+        shown_keys, shown_values, x, chain = name(shown_keys), name(shown_values), name(x[:, None])[:, 0], name(chain)
     tokens = np.full((n, T), FILL, dtype=np.int64)
     targets = np.zeros((n, T), dtype=np.int64)
     mask, posterior = np.zeros((n, T)), np.zeros((n, T, V))
-    P = 2 * (V - m)                                                             # the query's place
+    P = 2 * (V - hidden)                                                        # the query's place
     tokens[:, P - 2 * (A - m):P:2] = shown_keys                                 # the pairs end there
-    tokens[:, P - 2 * (A - m) + 1:P:2] = np.take_along_axis(f, shown_keys, 1)
+    tokens[:, P - 2 * (A - m) + 1:P:2] = shown_values
     tokens[:, P], tokens[:, P + 1], tokens[:, P + 2] = Q, x, H1 + h - 1
     groups = {f"h={k}": np.zeros((n, T)) for k in range(1, H + 1)}
     last = np.zeros((n, T))

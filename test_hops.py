@@ -114,18 +114,21 @@ def test_a_checkpoints_meta_takes_a_boolean_setting_as_a_boolean():
 
 
 def test_the_curriculum_draws_fewer_symbols_where_the_task_puts_its_pairs():
-    """Before step 10 the permutation acts on 3 of 6 symbols: its one shown pair sits just before the query
-    (FILL before it), no answer names a symbol past 2, and the posterior is the brute force's over 3."""
+    """Before step 10 the permutation acts on 3 of the 6 symbols (drawn per row), all three pairs shown just
+    before the query (FILL before them): each answer is one-hot on following the shown pairs, and over a
+    batch every symbol is an answer."""
     s = tasks.settings("hops", {"n_symbols": 6, "hidden": 2, "max_hops": 3, "symbol_curriculum": "3:10"})
     H1, Q, FILL = hops.tokens_of(6, 3)
-    b = hops.sample(np.random.default_rng(0), 20, s, step=9)
-    assert np.all(b["tokens"][:, :6] == FILL) and np.all(b["tokens"][:, 8] == Q)
-    assert np.all(b["posterior"][..., 3:] == 0) and b["posterior"].shape[-1] == 6
-    for row in range(20):
-        f_shown = -np.ones(3, dtype=int)
-        f_shown[b["tokens"][row, 6]] = b["tokens"][row, 7]
+    b = hops.sample(np.random.default_rng(0), 40, s, step=9)
+    assert np.all(b["tokens"][:, :2] == FILL) and np.all(b["tokens"][:, 8] == Q)
+    for row in range(40):
+        f = dict(zip(b["tokens"][row, 2:8:2], b["tokens"][row, 3:8:2]))
+        assert sorted(f) == sorted(f.values())                          # a permutation of the symbols in play
         x, h = b["tokens"][row, 9], b["tokens"][row, 10] - H1 + 1
-        np.testing.assert_allclose(b["posterior"][row, 10, :3], brute_force(f_shown, x, h))
+        for _ in range(h):
+            x = f[x]
+        np.testing.assert_array_equal(b["posterior"][row, 10], np.eye(6)[x])
+    assert set(b["targets"][b["mask"] > 0]) == set(range(6))
     full = hops.sample(np.random.default_rng(0), 20, s, step=10)        # the task itself from step 10 on
     assert not np.any(full["tokens"][:, :8] == FILL)
     assert hops.check_curriculum("1:10", {"hidden": 2}) == "every stage needs at least 2 symbols and the 2 hidden pairs"

@@ -1,0 +1,242 @@
+"""depth: running out of layers, and chain of thought as the way out, measured in the hops wind tunnel.
+
+    python depth.py [--out runs/depth] [--seeds 0 1] [--jobs 2] [--figures figures] [--max-hops 8]
+
+The papers close with a claim: a task that needs more steps of inference than the network has layers
+cannot be finished in one pass (the network "runs out of layers"), and chain of thought extends the
+depth, in short confident steps, without hallucinating. hops.py draws a chain of h lookups through a
+permutation whose exact posterior is known at every hop; every run draws h from 1 to --max-hops, and
+its answer groups h=1, h=2, ... score each h apart.
+
+The cells are ordinary train.py runs through matrix.run (a finished one is skipped, an interrupted one
+resumes): the transformer at DEPTHS layers of the hops preset's width, direct and with --cot, and the
+other recurrent families (LSTM, SSM) at the preset transformer's parameter count, direct and with
+--cot. A chain-of-thought cell is judged on the final answers it reaches running free (cot.py: its own
+hops, the free-running distribution against the exact posterior given the context alone), not on its
+teacher-forced hops.
+
+The rules, fixed here before the first run they judge (tests exercise every branch):
+  score(h)   1 - KL / KL(uniform) on the answers of h hops: the matrix's score, on one answer group
+  solved(h)  score(h) >= matrix.GOOD (0.95)
+  reach      the largest h with every h' <= h solved (0: not even one hop), per seed
+  Claim 1, a fixed depth runs out: supported when some depth's direct reach is below max_hops in every
+    seed and a deeper one reaches further in every seed (its smallest reach over seeds above the
+    shallower's largest); not supported when no deeper depth reaches further than a shallower one in any
+    seed; undecided else (the seeds disagree).
+  Claim 2, chain of thought extends it: at every depth whose direct reach is below max_hops in every
+    seed, the free-running reach with --cot exceeds the direct one (smallest over seeds against largest):
+    supported; at every such depth it does not in any seed: not supported; else, or when no depth runs
+    out, undecided.
+  Claim 3, without hallucinating: over the answers past a running-out depth's direct reach, the share
+    the free-running chain of thought hallucinates (evaluation: over half its mass on an answer the
+    posterior gives under 5%) is below the direct model's by more than twice the standard error of the
+    difference (binomial, pooled over seeds): supported; at or above it: not supported; else, or when no
+    depth runs out, undecided.
+What happens past a depth's reach is also said: hallucinating (confidently wrong) or honest doubt,
+whichever share is larger.
+"""
+
+import os
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # see layers.py: BLAS threads fight Numba's
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+
+import matrix  # noqa: E402
+
+DEPTHS = (1, 2, 3, 4, 6)        # the transformer's depths, one width
+MAX_HOPS = 8                    # h drawn from 1 to this in every cell
+OTHERS = ("lstm", "ssm")        # the recurrent families, at the preset transformer's count
+SEEDS = (0, 1)
+SUPPORTED, NOT_SUPPORTED, UNDECIDED = "supported", "not supported", "undecided"
+
+
+# ----------------------------------------------------------------------------
+# the rules
+
+def group_score(g):
+    """One answer group's score: 1 - KL / KL(uniform), KL(uniform) = log2 K - mean H_Bayes on its answers."""
+    return 1.0 - g["kl_bits"] / g["prior_kl_bits"]
+
+
+def answer_groups(metrics, cot):
+    """{h: group metrics} of a run: its held-out answers by h (direct), or its free-running final answers by h
+    (cot). Each group gains prior_kl_bits from its mean exact entropy and the run's classes."""
+    groups = metrics["free_run"]["free"]["groups"] if cot else metrics["groups"]
+    log_k = math.log2(metrics["config"]["n_classes"])
+    return {int(name[2:]): {**g, "prior_kl_bits": log_k - g["h_bayes_bits"]}
+            for name, g in groups.items() if name.startswith("h=")}
+
+
+def reach(groups):
+    """The largest h with every h' <= h solved (score >= matrix.GOOD); 0 if one hop is not."""
+    r = 0
+    for h in sorted(groups):
+        if h != r + 1 or group_score(groups[h]) < matrix.GOOD:
+            break
+        r = h
+    return r
+
+
+def runs_out(direct, max_hops):
+    """Claim 1. direct: {depth: [reach per seed]}."""
+    depths = sorted(direct)
+    pairs = [(a, b) for i, a in enumerate(depths) for b in depths[i + 1:]]
+    if any(max(direct[a]) < max_hops and min(direct[b]) > max(direct[a]) for a, b in pairs):
+        return SUPPORTED
+    if all(max(direct[b]) <= min(direct[a]) for a, b in pairs):
+        return NOT_SUPPORTED
+    return UNDECIDED
+
+
+def out_of_layers(direct, max_hops):
+    """The depths whose direct reach is below max_hops in every seed."""
+    return [L for L in sorted(direct) if max(direct[L]) < max_hops]
+
+
+def cot_extends(direct, cot, max_hops):
+    """Claim 2. direct, cot: {depth: [reach per seed]} (cot: running free)."""
+    short = [L for L in out_of_layers(direct, max_hops) if L in cot]
+    if not short:
+        return UNDECIDED
+    if all(min(cot[L]) > max(direct[L]) for L in short):
+        return SUPPORTED
+    if all(max(cot[L]) <= min(direct[L]) for L in short):
+        return NOT_SUPPORTED
+    return UNDECIDED
+
+
+def past_reach(groups_by_seed, reaches):
+    """(hallucinated answers, all answers) pooled over the seeds, on the h past each seed's reach."""
+    bad = n = 0
+    for groups, r in zip(groups_by_seed, reaches):
+        for h, g in groups.items():
+            if h > r:
+                bad += g["hallucinated"] * g["n_answers"]
+                n += g["n_answers"]
+    return bad, n
+
+
+def without_hallucinating(direct_share, cot_share):
+    """Claim 3. Each (hallucinated, answers) pooled over the depths that run out and their seeds, the cot's
+    on the same h as the direct's; None where no depth runs out."""
+    if direct_share is None or cot_share is None or not direct_share[1] or not cot_share[1]:
+        return UNDECIDED
+    pd, pc = direct_share[0] / direct_share[1], cot_share[0] / cot_share[1]
+    se = math.sqrt(pd * (1 - pd) / direct_share[1] + pc * (1 - pc) / cot_share[1])
+    if pc < pd - 2 * se:
+        return SUPPORTED
+    if pc >= pd:
+        return NOT_SUPPORTED
+    return UNDECIDED
+
+
+def behaviour_past_reach(groups_by_seed, reaches):
+    """"hallucinating" or "honest doubt": which share is larger over the answers past the reach, with both
+    shares; None when no answer lies past it."""
+    hall = doubt = n = 0.0
+    for groups, r in zip(groups_by_seed, reaches):
+        for h, g in groups.items():
+            if h > r:
+                hall += g["hallucinated"] * g["n_answers"]
+                doubt += g["honest_doubt"] * g["n_answers"]
+                n += g["n_answers"]
+    if not n:
+        return None
+    return dict(kind="hallucinating" if hall > doubt else "honest doubt", hallucinated=hall / n,
+                honest_doubt=doubt / n, answers=int(n))
+
+
+# ----------------------------------------------------------------------------
+# the cells
+
+def cells(seeds=SEEDS, max_hops=MAX_HOPS, depths=DEPTHS, others=OTHERS):
+    """-> matrix.run's cells: the transformer at each depth, the others at the preset's count; direct, cot."""
+    flags = ["--max-hops", str(max_hops)]
+    out = []
+    for cot in (False, True):
+        tag, extra = ("cot", ["--cot"]) if cot else ("direct", [])
+        rows = [("transformer", L) for L in depths] + [(f, None) for f in others]
+        for family, layers in rows:
+            for seed in seeds:
+                name = f"hops-{family}{f'-L{layers}' if layers else ''}-{tag}-s{seed}"
+                out.append(dict(task="hops", family=family, layers=layers, seed=seed, flags=flags + extra,
+                                cot=cot, name=name))
+    return out
+
+
+def verdicts(results, todo, max_hops):
+    """results {cell name: metrics} -> rows per (family, layers, mode) and the three claims."""
+    rows = {}
+    for c in todo:
+        m = results.get(c["name"])
+        if m is None or "sits_out" in m or "failed" in m:
+            continue
+        key = (c["family"], c["layers"], c["cot"])
+        r = rows.setdefault(key, dict(family=c["family"], layers=c["layers"], cot=c["cot"], params=m["params"],
+                                      steps=m["steps"], groups=[], reach=[], seeds=[]))
+        g = answer_groups(m, c["cot"])
+        r["groups"].append(g)
+        r["reach"].append(reach(g))
+        r["seeds"].append(c["seed"])
+    depth = {cot: {r["layers"]: r["reach"] for r in rows.values() if r["family"] == "transformer" and r["cot"] == cot}
+             for cot in (False, True)}
+    short = out_of_layers(depth[False], max_hops) if depth[False] else []
+    d_share = c_share = None
+    for L in short:
+        d, c = rows[("transformer", L, False)], rows.get(("transformer", L, True))
+        if c is None:
+            continue
+        db, dn = past_reach(d["groups"], d["reach"])
+        cb, cn = past_reach(c["groups"], [max(d["reach"])] * len(c["groups"]))    # the same h as the direct's
+        d_share = (d_share[0] + db, d_share[1] + dn) if d_share else (db, dn)
+        c_share = (c_share[0] + cb, c_share[1] + cn) if c_share else (cb, cn)
+    for r in rows.values():
+        r["past_reach"] = behaviour_past_reach(r["groups"], r["reach"])
+    claims = {"a fixed depth runs out": runs_out(depth[False], max_hops) if len(depth[False]) > 1 else UNDECIDED,
+              "chain of thought extends it": cot_extends(depth[False], depth[True], max_hops),
+              "without hallucinating": without_hallucinating(d_share, c_share)}
+    return list(rows.values()), claims, dict(direct=d_share, cot=c_share, depths_out_of_layers=short)
+
+
+def lines(rows, claims, max_hops):
+    hs = range(1, max_hops + 1)
+    head = f"{'model':<26}{'mode':<8}{'params':>9}  " + "".join(f"{f'h={h}':>7}" for h in hs) + "  reach   past it"
+    out = ["scores 1 - KL/KL(uniform) by hops h (first seed; cot: running free); reach per seed", head, "-" * len(head)]
+    for r in rows:
+        name = r["family"] + (f", {r['layers']} layers" if r["layers"] else "")
+        g = r["groups"][0]
+        scores = "".join(f"{group_score(g[h]):>7.3f}" if h in g else f"{'':>7}" for h in hs)
+        p = r["past_reach"]
+        past = "" if p is None else f"{p['kind']} ({p['hallucinated']:.1%} / {p['honest_doubt']:.1%})"
+        out.append(f"{name:<26}{'cot' if r['cot'] else 'direct':<8}{r['params']:>9,}  {scores}  "
+                   f"{'/'.join(map(str, r['reach'])):<7} {past}")
+    out += [f"claim: {k}: {v}" for k, v in claims.items()]
+    return out
+
+
+def main(argv_=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default=os.path.join("runs", "depth"))
+    p.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
+    p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--figures", default="figures")
+    p.add_argument("--max-hops", type=int, default=MAX_HOPS)
+    a = p.parse_args(argv_)
+    todo = cells(tuple(a.seeds), a.max_hops)
+    results = matrix.run("default", a.out, jobs=a.jobs, todo=todo)
+    rows, claims, shares = verdicts(results, todo, a.max_hops)
+    with open(os.path.join(a.out, "depth.json"), "w") as f:
+        json.dump(dict(max_hops=a.max_hops, good=matrix.GOOD, claims=claims, shares=shares,
+                       rows=[{k: v for k, v in r.items()} for r in rows]), f, indent=1)
+    print("\n".join(lines(rows, claims, a.max_hops)))
+    import plots
+    os.makedirs(a.figures, exist_ok=True)
+    print(plots.plot_layers(rows, os.path.join(a.figures, "layers.png"), a.max_hops, group_score))
+
+
+if __name__ == "__main__":
+    main()
