@@ -2,11 +2,12 @@
 
 A fresh random permutation f of V symbols per sequence, shown as pairs `k f(k)` in a random order, with
 `hidden` of the pairs left out (which ones: drawn per sequence, independently of f). Then a query
-`Q x H_h`: follow f from x for h hops (h drawn per sequence, uniformly from 1 to max_hops).
-    k_1 v_1 k_2 v_2 ... k_(V-m) v_(V-m)  Q x H_h  [c_1 ... c_(h-1)]  FILL ...
-Direct (the default): the model predicts f^h(x) at H_h. Chain of thought (cot): the model writes the
-chain one hop per token: at H_h it predicts c_1 = f(x), at c_j it predicts f^(j+1)(x), teacher-forced (the
-true c_j is the next input), so its last answer is f^h(x).
+`Q H_h x`: follow f from x for h hops (h drawn per sequence, uniformly from 1 to max_hops).
+    k_1 v_1 k_2 v_2 ... k_(V-m) v_(V-m)  Q H_h x  [c_1 ... c_(h-1)]  FILL ...
+Direct (the default): the model predicts f^h(x) at x. Chain of thought (cot): the model writes the chain
+one hop per token: at x it predicts c_1 = f(x), at c_j it predicts f^(j+1)(x), teacher-forced (the true
+c_j is the next input), so its last answer is f^h(x). (The symbol x last, where the first answer is due,
+as recall's queried key: with x before H_h the transformer had not begun the lookup in 500 steps.)
 
 The exact posterior. Given what is shown, f is uniform over its completions: the m hidden keys (those not
 shown) go to the m hidden values (those no shown pair maps to), one of m! ways, each equally likely (the
@@ -204,7 +205,7 @@ def batch(rng, n, n_symbols=16, hidden=3, max_hops=4, cot=False, active=None):
     P = 2 * (V - hidden)                                                        # the query's place
     tokens[:, P - 2 * (A - m):P:2] = shown_keys                                 # the pairs end there
     tokens[:, P - 2 * (A - m) + 1:P:2] = shown_values
-    tokens[:, P], tokens[:, P + 1], tokens[:, P + 2] = Q, x, H1 + h - 1
+    tokens[:, P], tokens[:, P + 1], tokens[:, P + 2] = Q, H1 + h - 1, x            # the answers start at x
     groups = {f"h={k}": np.zeros((n, T)) for k in range(1, H + 1)}
     last = np.zeros((n, T))
     rows = np.arange(n)

@@ -48,7 +48,7 @@ def test_posteriors_match_a_brute_force_over_every_permutation(V, m):
         P = 2 * (V - m)
         f_shown = -np.ones(V, dtype=int)
         f_shown[tok[0:P:2]] = tok[1:P:2]
-        x, h = tok[P + 1], tok[P + 2] - H1 + 1
+        h, x = tok[P + 1] - H1 + 1, tok[P + 2]
         assert tok[P] == Q and np.array_equal(d["tokens"][row][:P + 3], tok[:P + 3])
         answers = np.flatnonzero(b["mask"][row])
         assert list(answers) == list(range(P + 2, P + 2 + h))
@@ -87,7 +87,7 @@ def test_groups_sizes_and_the_prior_gap():
     assert hops.sizes(s) == dict(vocab=11, classes=6, max_len=2 * 4 + 3, eval_len=11)
     assert hops.sizes({**s, "cot": True})["max_len"] == 13
     b = hops.sample(np.random.default_rng(0), 200, s)
-    h = b["tokens"][:, 10] - 6 + 1
+    h = b["tokens"][:, 9] - 6 + 1
     for k in (1, 2, 3):
         assert b["groups"][f"h={k}"].sum() == (h == k).sum()
     c = hops.sample(np.random.default_rng(0), 200, {**s, "cot": True})
@@ -124,7 +124,7 @@ def test_the_curriculum_draws_fewer_symbols_where_the_task_puts_its_pairs():
     for row in range(40):
         f = dict(zip(b["tokens"][row, 2:8:2], b["tokens"][row, 3:8:2]))
         assert sorted(f) == sorted(f.values())                          # a permutation of the symbols in play
-        x, h = b["tokens"][row, 9], b["tokens"][row, 10] - H1 + 1
+        h, x = b["tokens"][row, 9] - H1 + 1, b["tokens"][row, 10]
         for _ in range(h):
             x = f[x]
         np.testing.assert_array_equal(b["posterior"][row, 10], np.eye(6)[x])
