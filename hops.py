@@ -27,8 +27,9 @@ pair's symbols might appear nowhere, and the posterior would then depend on symb
 at the end of the pairs' places with FILL before them (so the query, the answers and T stay where they
 are): every answer is then one-hot, and exact.
 
-Tokens: symbol s is token s (the answers' classes are the symbols), hop count h is token V + h - 1, then
-Q and FILL. Notation: n sequences, T tokens, V symbols, m hidden pairs, H max_hops, C completions (m!).
+Tokens: symbol s is token s as a key (the query's, a written hop's: class c is token c) and V + s as a
+value (in a pair), hop count h is token 2V + h - 1, then Q and FILL. (Keys and values apart, as recall's:
+with one token per symbol, the transformer had not begun the lookup within 500 steps.) Notation: n sequences, T tokens, V symbols, m hidden pairs, H max_hops, C completions (m!).
 """
 import itertools
 import math
@@ -99,7 +100,7 @@ PRESETS = {
 def sizes(s):
     V, H = s["n_symbols"], s["max_hops"]
     T = 2 * (V - s["hidden"]) + 3 + (H - 1 if s["cot"] else 0)
-    return dict(vocab=V + H + 2, classes=V, max_len=T, eval_len=T)
+    return dict(vocab=2 * V + H + 2, classes=V, max_len=T, eval_len=T)
 
 
 def sample(rng, n, s, step=None):
@@ -119,8 +120,8 @@ def prior_gap_bits(s, n=20_000, seed=0):
 
 
 def tokens_of(n_symbols, max_hops):
-    """-> the hop-count token of h = 1 (h's is this + h - 1), Q, FILL."""
-    return n_symbols, n_symbols + max_hops, n_symbols + max_hops + 1
+    """-> the hop-count token of h = 1 (h's is this + h - 1), Q, FILL (the values are tokens V .. 2V - 1)."""
+    return 2 * n_symbols, 2 * n_symbols + max_hops, 2 * n_symbols + max_hops + 1
 
 
 # ----------------------------------------------------------------------------
@@ -204,7 +205,7 @@ def batch(rng, n, n_symbols=16, hidden=3, max_hops=4, cot=False, active=None):
     mask, posterior = np.zeros((n, T)), np.zeros((n, T, V))
     P = 2 * (V - hidden)                                                        # the query's place
     tokens[:, P - 2 * (A - m):P:2] = shown_keys                                 # the pairs end there
-    tokens[:, P - 2 * (A - m) + 1:P:2] = shown_values
+    tokens[:, P - 2 * (A - m) + 1:P:2] = V + shown_values
     tokens[:, P], tokens[:, P + 1], tokens[:, P + 2] = Q, H1 + h - 1, x            # the answers start at x
     groups = {f"h={k}": np.zeros((n, T)) for k in range(1, H + 1)}
     last = np.zeros((n, T))

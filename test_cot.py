@@ -18,7 +18,7 @@ def oracle(V, H, m):
     def predict(tokens):
         L, T = tokens.shape
         f_shown = np.full((L, V), -1)
-        np.put_along_axis(f_shown, tokens[:, 0:P:2], tokens[:, 1:P:2], axis=1)
+        np.put_along_axis(f_shown, tokens[:, 0:P:2], tokens[:, 1:P:2] - V, axis=1)
         h, x = tokens[:, P + 1] - H1 + 1, tokens[:, P + 2]
         chain = np.zeros((L, H + 1), dtype=np.int64)
         chain[:, 0] = x
@@ -36,7 +36,7 @@ def hand_batch():
     sending 2 -> 3 -> 0. Exact final posterior (1/2 on 0, 1/2 on 1), test_hops.py."""
     V, H = 4, 4
     H1, Q, FILL = hops.tokens_of(V, H)
-    tokens = np.array([[0, 1, 1, 2, Q, H1 + 3, 0, 1, 2, 3, FILL]])
+    tokens = np.array([[0, 4 + 1, 1, 4 + 2, Q, H1 + 3, 0, 1, 2, 3, FILL]])
     mask = np.zeros((1, 11))
     mask[0, 6:10] = 1
     return dict(tokens=tokens, mask=mask, posterior=np.zeros((1, 11, V)), targets=np.zeros((1, 11), dtype=int),

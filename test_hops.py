@@ -47,7 +47,7 @@ def test_posteriors_match_a_brute_force_over_every_permutation(V, m):
         tok = b["tokens"][row]
         P = 2 * (V - m)
         f_shown = -np.ones(V, dtype=int)
-        f_shown[tok[0:P:2]] = tok[1:P:2]
+        f_shown[tok[0:P:2]] = tok[1:P:2] - V
         h, x = tok[P + 1] - H1 + 1, tok[P + 2]
         assert tok[P] == Q and np.array_equal(d["tokens"][row][:P + 3], tok[:P + 3])
         answers = np.flatnonzero(b["mask"][row])
@@ -84,10 +84,10 @@ def test_the_chain_rule_gives_the_direct_posterior():
 
 def test_groups_sizes_and_the_prior_gap():
     s = tasks.settings("hops", {"n_symbols": 6, "hidden": 2, "max_hops": 3})
-    assert hops.sizes(s) == dict(vocab=11, classes=6, max_len=2 * 4 + 3, eval_len=11)
+    assert hops.sizes(s) == dict(vocab=17, classes=6, max_len=2 * 4 + 3, eval_len=11)
     assert hops.sizes({**s, "cot": True})["max_len"] == 13
     b = hops.sample(np.random.default_rng(0), 200, s)
-    h = b["tokens"][:, 9] - 6 + 1
+    h = b["tokens"][:, 9] - 12 + 1
     for k in (1, 2, 3):
         assert b["groups"][f"h={k}"].sum() == (h == k).sum()
     c = hops.sample(np.random.default_rng(0), 200, {**s, "cot": True})
@@ -122,7 +122,7 @@ def test_the_curriculum_draws_fewer_symbols_where_the_task_puts_its_pairs():
     b = hops.sample(np.random.default_rng(0), 40, s, step=9)
     assert np.all(b["tokens"][:, :2] == FILL) and np.all(b["tokens"][:, 8] == Q)
     for row in range(40):
-        f = dict(zip(b["tokens"][row, 2:8:2], b["tokens"][row, 3:8:2]))
+        f = dict(zip(b["tokens"][row, 2:8:2], b["tokens"][row, 3:8:2] - 6))
         assert sorted(f) == sorted(f.values())                          # a permutation of the symbols in play
         h, x = b["tokens"][row, 9] - H1 + 1, b["tokens"][row, 10]
         for _ in range(h):
