@@ -54,6 +54,11 @@ PRESETS = {
     # sawtooth's; its initialisation too
     "recall": {"quick": dict(width=32, layers=2, heads=2, init="fan-in"),
                **{p: dict(width=64, layers=2, heads=2, init="fan-in") for p in ("default", "paper")}},
+    # hops: a chain of lookups, one layer per lookup and one to pair each value with its key (depth.py varies
+    # the layers); the lookup's initialisation: with the default one the transformer had not begun the lookup
+    # in 2,500 steps of one hop, with fan-in it had by step 1,000
+    "hops": {"quick": dict(width=32, layers=2, heads=2, init="fan-in"),
+             **{p: dict(width=64, layers=4, heads=2, init="fan-in") for p in ("default", "paper")}},
 }
 
 

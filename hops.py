@@ -25,7 +25,8 @@ A curriculum (--hops-curriculum V':S,...) draws the permutation on V' of the sym
 every class is an answer at every stage) before training step S, every one of its pairs shown (a hidden
 pair's symbols might appear nowhere, and the posterior would then depend on symbols the model never saw),
 at the end of the pairs' places with FILL before them (so the query, the answers and T stay where they
-are): every answer is then one-hot, and exact.
+are): every answer is then one-hot, and exact. A second (--hop-curriculum H':S,...) draws h from 1 to H'
+(at most max_hops) before step S. Without them the transformer had not begun the lookup by step 1,500.
 
 Tokens: symbol s is token s as a key (the query's, a written hop's: class c is token c) and V + s as a
 value (in a pair), hop count h is token 2V + h - 1, then Q and FILL. (Keys and values apart, as recall's:
@@ -38,7 +39,8 @@ import numpy as np
 
 import windtunnels as wt
 
-SETTINGS = {"n_symbols": 16, "hidden": 3, "max_hops": 4, "cot": False, "symbol_curriculum": ""}
+SETTINGS = {"n_symbols": 16, "hidden": 3, "max_hops": 4, "cot": False, "symbol_curriculum": "", "hop_curriculum": ""}
+HOPS_TOP = 64                  # the hop curriculum's stages may name up to this (clipped to max_hops)
 MAX_COMPLETIONS = 720          # m! completions are enumerated for every sequence: m <= 6
 TINY = {"train": {"n_symbols": 5, "hidden": 1, "max_hops": 2},              # 11 positions
         "grad": {"n_symbols": 6, "hidden": 2, "max_hops": 3, "cot": True}}  # 13 positions, up to three hops
@@ -75,6 +77,14 @@ def check_curriculum(text, s):
     return wt.check_stages(stages, s.get("steps"))
 
 
+def check_hop_curriculum(text, s):
+    try:
+        stages = wt.parse_stages(text, HOPS_TOP, "hops", "1:1500,2:2500")
+    except ValueError as e:
+        return str(e)
+    return wt.check_stages(stages, s.get("steps"))
+
+
 FLAGS = {"--symbols": dict(setting="n_symbols", type=int, check=check_symbols,
                            help="hops: the symbols the permutation acts on (default 16)"),
          "--hidden": dict(setting="hidden", type=int, check=check_hidden,
@@ -86,11 +96,16 @@ FLAGS = {"--symbols": dict(setting="n_symbols", type=int, check=check_symbols,
                             "posterior given the hops before it (teacher-forced)"),
          "--hops-curriculum": dict(setting="symbol_curriculum", type=str, check=check_curriculum, quote=True,
                                    help="hops: fewer symbols first, stages symbols:until_step (e.g. 4:500,8:1500); "
-                                        "the targets stay exact (default: from the preset)")}
+                                        "the targets stay exact (default: from the preset)"),
+         "--hop-curriculum": dict(setting="hop_curriculum", type=str, check=check_hop_curriculum, quote=True,
+                                  help="hops: fewer hops first, stages max_hops:until_step (e.g. 1:1500,2:2500), each "
+                                       "at most --max-hops (default: from the preset)")}
 PRESETS = {
     "quick":   dict(batch=16, steps=60, lr=3e-3, warmup=10, symbol_curriculum="4:30"),
-    "default": dict(batch=64, steps=4000, lr=3e-3, warmup=100, symbol_curriculum="4:500,8:1500"),
-    "paper":   dict(batch=64, steps=20000, lr=2e-3, warmup=300, lr_floor=0.0, symbol_curriculum="4:500,8:1500"),
+    "default": dict(batch=64, steps=6000, lr=3e-3, warmup=100, symbol_curriculum="4:500,8:1500",
+                    hop_curriculum="1:1500,2:2500,4:3500"),
+    "paper":   dict(batch=64, steps=20000, lr=2e-3, warmup=300, lr_floor=0.0, symbol_curriculum="4:500,8:1500",
+                    hop_curriculum="1:1500,2:2500,4:3500"),
 }
 
 
@@ -106,9 +121,10 @@ def sizes(s):
 def sample(rng, n, s, step=None):
     """n sequences; the training loop passes its step, which picks the curriculum's symbols (held-out sets
     pass none and see the task itself)."""
-    fields = {k: v for k, v in s.items() if k != "symbol_curriculum"}
+    fields = {k: v for k, v in s.items() if k not in ("symbol_curriculum", "hop_curriculum")}
     active = wt.stage_at(wt.parse_stages(s.get("symbol_curriculum", ""), s["n_symbols"], "symbols", ""), step)
-    return batch(rng, n, **fields, active=active)
+    most = wt.stage_at(wt.parse_stages(s.get("hop_curriculum", ""), HOPS_TOP, "hops", ""), step)
+    return batch(rng, n, **fields, active=active, most=None if most is None else min(most, s["max_hops"]))
 
 
 def prior_gap_bits(s, n=20_000, seed=0):
@@ -175,9 +191,10 @@ def hop_posteriors(f_shown, x, h, chain):
     return direct, cot
 
 
-def batch(rng, n, n_symbols=16, hidden=3, max_hops=4, cot=False, active=None):
+def batch(rng, n, n_symbols=16, hidden=3, max_hops=4, cot=False, active=None, most=None):
     """n sequences of the hops task (module docstring) -> a batch with groups "h=1".. and, with cot, LAST.
-    active: the permutation acts on the first `active` symbols only (the curriculum; None: all)."""
+    The curricula: active, the permutation acts on `active` of the symbols (None: all); most, h is drawn
+    from 1 to `most` (None: max_hops)."""
     V, m, H = n_symbols, hidden, max_hops
     A = V if active is None else active                                         # the symbols in play
     if active is not None:      # every pair shown: the symbols in play are then the shown keys, seen by the
@@ -190,7 +207,7 @@ def batch(rng, n, n_symbols=16, hidden=3, max_hops=4, cot=False, active=None):
     f_shown = np.full((n, A), -1, dtype=np.int64)
     np.put_along_axis(f_shown, shown_keys, np.take_along_axis(f, shown_keys, 1), axis=1)
     x = rng.integers(0, A, size=n)                                              # (n,) the start
-    h = rng.integers(1, H + 1, size=n)                                          # (n,) its hops
+    h = rng.integers(1, (H if most is None else most) + 1, size=n)             # (n,) its hops
     chain = chains(f[:, None, :], x, H)[:, 0]                                   # (n, H + 1) the true chain
     direct, cot_post = hop_posteriors(f_shown, x, H, chain)                     # (n, H, A) each
     shown_values = np.take_along_axis(f, shown_keys, 1)                         # (n, A - m)

@@ -134,3 +134,11 @@ def test_the_curriculum_draws_fewer_symbols_where_the_task_puts_its_pairs():
     assert hops.check_curriculum("1:10", {"hidden": 2}) == "every stage needs at least 2 symbols and the 2 hidden pairs"
     assert hops.check_curriculum("3:10", {**s, "steps": 10}).startswith("its last stage ends at step 10")
     assert hops.check_curriculum("3:10,4:20", s) is None
+    # the hop curriculum: h from 1 to 2 before step 10 (3 is max_hops), every h after; a stage past max_hops
+    # is clipped to it
+    s = {**s, "symbol_curriculum": "", "hop_curriculum": "2:10"}
+    h_of = lambda b: b["tokens"][:, 9] - H1 + 1
+    assert set(h_of(hops.sample(np.random.default_rng(0), 200, s, step=9))) == {1, 2}
+    assert set(h_of(hops.sample(np.random.default_rng(0), 200, s, step=10))) == {1, 2, 3}
+    assert set(h_of(hops.sample(np.random.default_rng(0), 200, {**s, "hop_curriculum": "9:10"}, step=9))) == {1, 2, 3}
+    assert hops.check_hop_curriculum("0:10", s) == "each hops must lie in 1..64 and the steps must increase"
