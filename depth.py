@@ -46,6 +46,7 @@ import json  # noqa: E402
 import math  # noqa: E402
 
 import matrix  # noqa: E402
+import models  # noqa: E402
 
 DEPTHS = (1, 2, 3, 4, 6)        # the transformer's depths, one width
 MAX_HOPS = 8                    # h drawn from 1 to this in every cell
@@ -60,6 +61,15 @@ SUPPORTED, NOT_SUPPORTED, UNDECIDED = "supported", "not supported", "undecided"
 def group_score(g):
     """One answer group's score: 1 - KL / KL(uniform), KL(uniform) = log2 K - mean H_Bayes on its answers."""
     return 1.0 - g["kl_bits"] / g["prior_kl_bits"]
+
+
+def forward_flops(family, metrics, h):
+    """About how many floating-point operations a forward pass takes to the run's last answer of h hops (a
+    chain of thought with a cache: one pass over the context and its h - 1 written hops): a third of the
+    family's training-step count (models.step_flops) at that length."""
+    import hops
+    cfg = models.config_from_dict(family, metrics["config"])
+    return models.step_flops(family, cfg, 1, hops.answer_length(metrics["settings"], h)) / 3
 
 
 def answer_groups(metrics, cot):
@@ -180,6 +190,7 @@ def verdicts(results, todo, max_hops):
                                       steps=m["steps"], groups=[], reach=[], seeds=[]))
         g = answer_groups(m, c["cot"])
         r["groups"].append(g)
+        r["flops"] = {h: forward_flops(c["family"], m, h) for h in g}
         r["reach"].append(reach(g))
         r["seeds"].append(c["seed"])
     depth = {cot: {r["layers"]: r["reach"] for r in rows.values() if r["family"] == "transformer" and r["cot"] == cot}
@@ -204,15 +215,19 @@ def verdicts(results, todo, max_hops):
 
 def lines(rows, claims, max_hops):
     hs = range(1, max_hops + 1)
-    head = f"{'model':<26}{'mode':<8}{'params':>9}  " + "".join(f"{f'h={h}':>7}" for h in hs) + "  reach   past it"
-    out = ["scores 1 - KL/KL(uniform) by hops h (first seed; cot: running free); reach per seed", head, "-" * len(head)]
+    head = (f"{'model':<26}{'mode':<8}{'params':>9}  " + "".join(f"{f'h={h}':>7}" for h in hs)
+            + f"  {'MFLOP':>11}  reach   past it")
+    out = ["scores 1 - KL/KL(uniform) by hops h (first seed; cot: running free); forward MFLOP to the answer at "
+           "h = 1 and the largest h; reach per seed; past it: hallucinated / honest doubt", head, "-" * len(head)]
     for r in rows:
         name = r["family"] + (f", {r['layers']} layers" if r["layers"] else "")
         g = r["groups"][0]
         scores = "".join(f"{group_score(g[h]):>7.3f}" if h in g else f"{'':>7}" for h in hs)
         p = r["past_reach"]
         past = "" if p is None else f"{p['kind']} ({p['hallucinated']:.1%} / {p['honest_doubt']:.1%})"
-        out.append(f"{name:<26}{'cot' if r['cot'] else 'direct':<8}{r['params']:>9,}  {scores}  "
+        f = r["flops"]
+        mflop = f"{f[min(f)] / 1e6:.2f}-{f[max(f)] / 1e6:.2f}"
+        out.append(f"{name:<26}{'cot' if r['cot'] else 'direct':<8}{r['params']:>9,}  {scores}  {mflop:>11}  "
                    f"{'/'.join(map(str, r['reach'])):<7} {past}")
     out += [f"claim: {k}: {v}" for k, v in claims.items()]
     return out

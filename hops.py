@@ -71,9 +71,8 @@ def check_curriculum(text, s):
         stages = wt.parse_stages(text, s.get("n_symbols") or SETTINGS["n_symbols"], "symbols", "4:500,8:1500")
     except ValueError as e:
         return str(e)
-    hidden = s.get("hidden", SETTINGS["hidden"])
-    if any(V < max(hidden, 2) for _, V in stages):
-        return f"every stage needs at least 2 symbols and the {hidden} hidden pairs"
+    if any(V < 2 for _, V in stages):                    # a stage shows every pair: no hidden ones to hold
+        return "every stage needs at least 2 symbols"
     return wt.check_stages(stages, s.get("steps"))
 
 
@@ -248,6 +247,12 @@ def batch(rng, n, n_symbols=16, hidden=3, max_hops=4, cot=False, active=None, mo
     return dict(tokens=tokens, targets=targets, mask=mask, posterior=posterior,
                 groups={g: w for g, w in groups.items() if w.any()},             # a group marks one answer or more
                 final_posterior=direct[rows, h - 1], final_target=chain[rows, h])   # (n, V), (n,): cot.py's
+
+
+def answer_length(s, h):
+    """The tokens a model reads up to its last answer of h hops: direct, the query's x; cot, the last hop."""
+    P = 2 * (s["n_symbols"] - s["hidden"])
+    return P + 3 + (h - 1 if s["cot"] else 0)
 
 
 def chain_layout(batch, s):

@@ -131,7 +131,8 @@ def test_the_curriculum_draws_fewer_symbols_where_the_task_puts_its_pairs():
     assert set(b["targets"][b["mask"] > 0]) == set(range(6))
     full = hops.sample(np.random.default_rng(0), 20, s, step=10)        # the task itself from step 10 on
     assert not np.any(full["tokens"][:, :8] == FILL)
-    assert hops.check_curriculum("1:10", {"hidden": 2}) == "every stage needs at least 2 symbols and the 2 hidden pairs"
+    assert hops.check_curriculum("1:10", {"hidden": 2}) == "every stage needs at least 2 symbols"
+    assert hops.check_curriculum("2:10", {"hidden": 3}) is None             # a stage shows every pair
     assert hops.check_curriculum("3:10", {**s, "steps": 10}).startswith("its last stage ends at step 10")
     assert hops.check_curriculum("3:10,4:20", s) is None
     # the hop curriculum: h from 1 to 2 before step 10 (3 is max_hops), every h after; a stage past max_hops
