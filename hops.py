@@ -27,8 +27,8 @@ pair's symbols might appear nowhere, and the posterior would then depend on symb
 at the end of the pairs' places with FILL before them (so the query, the answers and T stay where they
 are): every answer is then one-hot, and exact. A second (--hop-curriculum H':S,...) draws h from 1 to H'
 (at most max_hops) before step S. Without them the transformer had not begun the lookup by step 1,500;
-starting from 4 symbols it had begun it in one run of two (and in the other not by step 1,500); from 2 it
-began it within 750 steps.
+starting from 4 symbols it had begun it in one run of three (not in the other two by step 1,500); from 2
+it began it within 750 steps (one run).
 
 Tokens: symbol s is token s as a key (the query's, a written hop's: class c is token c) and V + s as a
 value (in a pair), hop count h is token 2V + h - 1, then Q and FILL. (Keys and values apart, as recall's:
