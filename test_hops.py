@@ -114,15 +114,18 @@ def test_a_checkpoints_meta_takes_a_boolean_setting_as_a_boolean():
 
 
 def test_the_curriculum_draws_fewer_symbols_where_the_task_puts_its_pairs():
-    """Before step 10 the permutation acts on 3 of the 6 symbols (drawn per row), all three pairs shown just
-    before the query (FILL before them): each answer is one-hot on following the shown pairs, and over a
-    batch every symbol is an answer."""
+    """Before step 10 the permutation acts on 3 of the 6 symbols (drawn per row), all three pairs shown in
+    three of the four pairs' places (FILL FILL in the other, at every place in some row): each answer is
+    one-hot on following the shown pairs, and over a batch every symbol is an answer."""
     s = tasks.settings("hops", {"n_symbols": 6, "hidden": 2, "max_hops": 3, "symbol_curriculum": "3:10"})
     H1, Q, FILL = hops.tokens_of(6, 3)
     b = hops.sample(np.random.default_rng(0), 40, s, step=9)
-    assert np.all(b["tokens"][:, :2] == FILL) and np.all(b["tokens"][:, 8] == Q)
+    empty = b["tokens"][:, 0:8:2] == FILL                               # (40, 4) the empty place per row
+    assert np.all(empty.sum(1) == 1) and np.all(empty.any(0)) and np.all(b["tokens"][:, 8] == Q)
+    assert np.array_equal(empty, b["tokens"][:, 1:8:2] == FILL)
     for row in range(40):
-        f = dict(zip(b["tokens"][row, 2:8:2], b["tokens"][row, 3:8:2] - 6))
+        keys, values = b["tokens"][row, 0:8:2], b["tokens"][row, 1:8:2]
+        f = dict(zip(keys[keys != FILL], values[values != FILL] - 6))
         assert sorted(f) == sorted(f.values())                          # a permutation of the symbols in play
         h, x = b["tokens"][row, 9] - H1 + 1, b["tokens"][row, 10]
         for _ in range(h):
