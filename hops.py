@@ -1,40 +1,41 @@
 """hops: multi-hop lookup, as a task of tasks.TASKS: how many steps of inference a fixed depth can take.
 
 A fresh random permutation f of V symbols per sequence, shown as pairs `k f(k)` in a random order, with
-`hidden` of the pairs left out (which ones: drawn per sequence, independently of f). Then a query
-`Q H_h x`: follow f from x for h hops (h drawn per sequence, uniformly from 1 to max_hops).
-    k_1 v_1 k_2 v_2 ... k_(V-m) v_(V-m)  Q H_h x  [c_1 ... c_(h-1)]  FILL ...
+`hidden` of them left out: shown as `k ?`, the key without its image (which ones: drawn per sequence,
+independently of f). Then a query `Q H_h x`: follow f from x for h hops (h drawn per sequence, uniformly
+from 1 to max_hops).
+    k_1 v_1 k_2 ? k_3 v_3 ... k_V v_V  Q H_h x  [c_1 ... c_(h-1)]  FILL ...
 Direct (the default): the model predicts f^h(x) at x. Chain of thought (cot): the model writes the chain
 one hop per token: at x it predicts c_1 = f(x), at c_j it predicts f^(j+1)(x), teacher-forced (the true
 c_j is the next input), so its last answer is f^h(x). (The symbol x last, where the first answer is due,
-as recall's queried key: with x before H_h the transformer had not begun the lookup in 500 steps.)
+as recall's queried key.)
 
-The exact posterior. Given what is shown, f is uniform over its completions: the m hidden keys (those not
-shown) go to the m hidden values (those no shown pair maps to), one of m! ways, each equally likely (the
-prior over permutations is uniform and which pairs are hidden does not depend on f). So the posterior of
-f^h(x) is the share of completions that send x there in h hops, and a chain of thought's j-th hop, given
-the hops before it, is the same share among the completions that agree with those hops (completions).
-A chain that never meets a hidden key has a one-hot answer; one that does is uncertain from there on.
-By the chain rule, a model calibrated at every hop that samples its own chain ends on f^h(x) distributed
-as the direct posterior (cot.py measures it).
+The exact posterior. Given what is shown, f is uniform over its completions: the m hidden keys go to the
+m hidden values (those no shown pair maps to), one of m! ways, each equally likely (the prior over
+permutations is uniform and which pairs are hidden does not depend on f). So the posterior of f^h(x) is
+the share of completions that send x there in h hops, and a chain of thought's j-th hop, given the hops
+before it, is the same share among the completions that agree with those hops (completions). A chain
+that never meets a hidden key has a one-hot answer; one that does is uncertain from there on (one hidden
+pair alone is found by elimination). By the chain rule, a model calibrated at every hop that samples its
+own chain ends on f^h(x) distributed as the direct posterior (cot.py measures it).
 
 Answer groups (evaluation.group_metrics): "h=1" ... "h=<max_hops>", each sequence's final answer by its
 h; with cot also "hops before the last" (the intermediate hops).
 
-A curriculum (--hops-curriculum V':S,...) draws the permutation on V' of the symbols (drawn per sequence, so
-every class is an answer at every stage) before training step S, every one of its pairs shown (a hidden
-pair's symbols might appear nowhere, and the posterior would then depend on symbols the model never saw),
-in slots drawn among the pairs' places with FILL in the others (so the query, the answers and T stay where
-they are, and every place holds pairs from the first stage on: with the stage's pairs at the end of the
-places, the lookup broke at each stage's change, the loss rising to 6-8 bits): every answer is then
-one-hot, and exact. A second (--hop-curriculum H':S,...) draws h from 1 to H'
-(at most max_hops) before step S. Without them the transformer had not begun the lookup by step 1,500;
-starting from 4 symbols it had begun it in one run of three (not in the other two by step 1,500); from 2
-it began it within 750 steps (one run).
+Curricula. --hops-curriculum V':S,... draws the permutation on V' of the symbols (drawn per sequence, so
+every class is an answer at every stage) before training step S, with hidden x V' / V (rounded) of its
+pairs hidden; its pairs sit in slots drawn among the V places, FILL FILL in the others (so the query, the
+answers and T stay where they are, and every place holds pairs from the first stage on). The posterior
+stays exact: the symbols in play are the keys shown. --hop-curriculum H':S,... draws h from 1 to H' (at
+most max_hops) before step S. What the transformer needed (RESULTS.md, "Running out of layers"): without
+a curriculum it had not begun the lookup by step 1,500; from 4 symbols it had in one run of three, from
+2 within 750 steps; with a stage's pairs at the end of the places the lookup broke at each change of
+stage; with no hidden pair before the task itself, the first hidden ones cost a spike of 12 bits.
 
 Tokens: symbol s is token s as a key (the query's, a written hop's: class c is token c) and V + s as a
-value (in a pair), hop count h is token 2V + h - 1, then Q and FILL. (Keys and values apart, as recall's:
-with one token per symbol, the transformer had not begun the lookup within 500 steps.) Notation: n sequences, T tokens, V symbols, m hidden pairs, H max_hops, C completions (m!).
+value (in a pair), hop count h is token 2V + h - 1, then Q, FILL and ? (UNSEEN). (Keys and values apart,
+as recall's: with one token per symbol the transformer had not begun the lookup within 500 steps.)
+Notation: n sequences, T tokens, V symbols, m hidden pairs, H max_hops, C completions (m!).
 """
 import itertools
 import math
@@ -117,8 +118,8 @@ PRESETS = {
 
 def sizes(s):
     V, H = s["n_symbols"], s["max_hops"]
-    T = 2 * (V - s["hidden"]) + 3 + (H - 1 if s["cot"] else 0)
-    return dict(vocab=2 * V + H + 2, classes=V, max_len=T, eval_len=T)
+    T = 2 * V + 3 + (H - 1 if s["cot"] else 0)
+    return dict(vocab=2 * V + H + 3, classes=V, max_len=T, eval_len=T)
 
 
 def sample(rng, n, s, step=None):
@@ -139,8 +140,9 @@ def prior_gap_bits(s, n=20_000, seed=0):
 
 
 def tokens_of(n_symbols, max_hops):
-    """-> the hop-count token of h = 1 (h's is this + h - 1), Q, FILL (the values are tokens V .. 2V - 1)."""
-    return 2 * n_symbols, 2 * n_symbols + max_hops, 2 * n_symbols + max_hops + 1
+    """-> the hop-count token of h = 1 (h's is this + h - 1), Q, FILL, UNSEEN (the values are V .. 2V - 1)."""
+    base = 2 * n_symbols + max_hops
+    return 2 * n_symbols, base, base + 1, base + 2
 
 
 # ----------------------------------------------------------------------------
@@ -200,9 +202,9 @@ def batch(rng, n, n_symbols=16, hidden=3, max_hops=4, cot=False, active=None, mo
     from 1 to `most` (None: max_hops)."""
     V, m, H = n_symbols, hidden, max_hops
     A = V if active is None else active                                         # the symbols in play
-    if active is not None:      # every pair shown: the symbols in play are then the shown keys, seen by the
-        m = 0                   # model (a hidden one might be a symbol it never sees: no exact posterior)
-    H1, Q, FILL = tokens_of(V, H)
+    if active is not None:
+        m = int(round(m * A / V))                                               # hidden pairs in proportion
+    H1, Q, FILL, UNSEEN = tokens_of(V, H)
     T = sizes(dict(n_symbols=V, hidden=hidden, max_hops=H, cot=cot))["max_len"]
     f = rng.permuted(np.tile(np.arange(A), (n, 1)), axis=1)                     # (n, A) the permutation, on
     order = rng.permuted(np.tile(np.arange(A), (n, 1)), axis=1)                 # (n, A) a random order of keys
@@ -214,19 +216,23 @@ def batch(rng, n, n_symbols=16, hidden=3, max_hops=4, cot=False, active=None, mo
     chain = chains(f[:, None, :], x, H)[:, 0]                                   # (n, H + 1) the true chain
     direct, cot_post = hop_posteriors(f_shown, x, H, chain)                     # (n, H, A) each
     shown_values = np.take_along_axis(f, shown_keys, 1)                         # (n, A - m)
+    hidden_keys = order[:, :m]                                                  # (n, m)
     if active is not None:                                                      # symbols 0..A-1 stand for A
         sym = rng.permuted(np.tile(np.arange(V), (n, 1)), axis=1)[:, :A]        # (n, A) of the V, drawn per row
         onto = np.eye(V)[sym]                                                   # (n, A, V)
         direct, cot_post = (np.einsum("nha,nav->nhv", p, onto) for p in (direct, cot_post))   # (n, H, V)
         name = lambda a: np.take_along_axis(sym, a, 1)                          # local symbols -> tokens
         shown_keys, shown_values, x, chain = name(shown_keys), name(shown_values), name(x[:, None])[:, 0], name(chain)
+        hidden_keys = name(hidden_keys)
     tokens = np.full((n, T), FILL, dtype=np.int64)
     targets = np.zeros((n, T), dtype=np.int64)
     mask, posterior = np.zeros((n, T)), np.zeros((n, T, V))
-    P = 2 * (V - hidden)                                                        # the query's place
-    slots = np.sort(rng.permuted(np.tile(np.arange(V - hidden), (n, 1)), axis=1)[:, :A - m], axis=1)
-    np.put_along_axis(tokens, 2 * slots, shown_keys, axis=1)                  # the pairs' slots (all of them
-    np.put_along_axis(tokens, 2 * slots + 1, V + shown_values, axis=1)        # but in a curriculum stage)
+    P = 2 * V                                                                   # the query's place
+    keys = np.concatenate([shown_keys, hidden_keys], axis=1)                    # (n, A) shown, then hidden
+    values = np.concatenate([V + shown_values, np.full((n, m), UNSEEN)], axis=1)
+    slots = rng.permuted(np.tile(np.arange(V), (n, 1)), axis=1)[:, :A]          # (n, A) their places, in a
+    np.put_along_axis(tokens, 2 * slots, keys, axis=1)                         # random order (all V places
+    np.put_along_axis(tokens, 2 * slots + 1, values, axis=1)                   # but in a curriculum stage)
     tokens[:, P], tokens[:, P + 1], tokens[:, P + 2] = Q, H1 + h - 1, x            # the answers start at x
     groups = {f"h={k}": np.zeros((n, T)) for k in range(1, H + 1)}
     last = np.zeros((n, T))
@@ -256,8 +262,7 @@ def batch(rng, n, n_symbols=16, hidden=3, max_hops=4, cot=False, active=None, mo
 
 def answer_length(s, h):
     """The tokens a model reads up to its last answer of h hops: direct, the query's x; cot, the last hop."""
-    P = 2 * (s["n_symbols"] - s["hidden"])
-    return P + 3 + (h - 1 if s["cot"] else 0)
+    return 2 * s["n_symbols"] + 3 + (h - 1 if s["cot"] else 0)
 
 
 def chain_layout(batch, s):

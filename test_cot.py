@@ -12,13 +12,15 @@ pytestmark = pytest.mark.plain_python
 def oracle(V, H, m):
     """A model calibrated at every hop: at hop j, the exact posterior given the context and the hops written
     before it in the tokens (whatever wrote them). -> predict(tokens) (L, T, V)."""
-    H1, Q, _ = hops.tokens_of(V, H)
-    P = 2 * (V - m)
+    H1, Q, _, UNSEEN = hops.tokens_of(V, H)
+    P = 2 * V
 
     def predict(tokens):
         L, T = tokens.shape
-        f_shown = np.full((L, V), -1)
-        np.put_along_axis(f_shown, tokens[:, 0:P:2], tokens[:, 1:P:2] - V, axis=1)
+        f_shown = np.full((L, V + 1), -1)                                # a last column for the hidden ones
+        values = tokens[:, 1:P:2]
+        np.put_along_axis(f_shown, np.where(values == UNSEEN, V, tokens[:, 0:P:2]), values - V, axis=1)
+        f_shown = f_shown[:, :V]
         h, x = tokens[:, P + 1] - H1 + 1, tokens[:, P + 2]
         chain = np.zeros((L, H + 1), dtype=np.int64)
         chain[:, 0] = x
@@ -32,14 +34,14 @@ def oracle(V, H, m):
 
 
 def hand_batch():
-    """V = 4, shown 0 -> 1 and 1 -> 2 (hidden keys 2, 3; hidden values 0, 3), x = 0, h = 4, the true f
+    """V = 4, shown 0 -> 1 and 1 -> 2, hidden 2 -> ? and 3 -> ? (hidden values 0, 3), x = 0, h = 4, the true f
     sending 2 -> 3 -> 0. Exact final posterior (1/2 on 0, 1/2 on 1), test_hops.py."""
     V, H = 4, 4
-    H1, Q, FILL = hops.tokens_of(V, H)
-    tokens = np.array([[0, 4 + 1, 1, 4 + 2, Q, H1 + 3, 0, 1, 2, 3, FILL]])
-    mask = np.zeros((1, 11))
-    mask[0, 6:10] = 1
-    return dict(tokens=tokens, mask=mask, posterior=np.zeros((1, 11, V)), targets=np.zeros((1, 11), dtype=int),
+    H1, Q, FILL, UNSEEN = hops.tokens_of(V, H)
+    tokens = np.array([[2, UNSEEN, 0, 4 + 1, 3, UNSEEN, 1, 4 + 2, Q, H1 + 3, 0, 1, 2, 3, FILL]])
+    mask = np.zeros((1, 15))
+    mask[0, 10:14] = 1
+    return dict(tokens=tokens, mask=mask, posterior=np.zeros((1, 15, V)), targets=np.zeros((1, 15), dtype=int),
                 final_posterior=np.array([[.5, .5, 0, 0]]), final_target=np.array([0]))
 
 
@@ -48,7 +50,7 @@ def test_the_hand_case_free_is_exact_and_greedy_is_one_bit_off():
     argmax 0 at hop 3 (a tie: the first), then is certain of 1: its KL is unbounded (the posterior's half on 0
     gets no mass; clipped, about 511 bits), yet it does not count as hallucinated (the posterior gives 1 a
     half, not under 5%)."""
-    b, layout = hand_batch(), (np.array([6]), np.array([4]))
+    b, layout = hand_batch(), (np.array([10]), np.array([4]))
     predict = oracle(4, 4, 2)
     p_free, dropped = cot.free_run(predict, b, layout, prune=1e-12)
     np.testing.assert_allclose(p_free, [[.5, .5, 0, 0]], atol=1e-12)
@@ -65,7 +67,7 @@ def test_pruning_drops_the_chains_below_it_and_says_how_much():
     keeps the four first hops (1/4) and drops all 16 (1/16 < 0.1): p_free 0, dropped 1; prune 0.05 keeps them
     all: p_free uniform, dropped 0."""
     b = hand_batch()
-    layout = (np.array([6]), np.array([3]))
+    layout = (np.array([10]), np.array([3]))
     uniform = lambda tokens: np.full(tokens.shape + (4,), 0.25)
     p, d = cot.free_run(uniform, b, layout, prune=0.1)
     assert np.all(p == 0) and d[0] == pytest.approx(1.0)

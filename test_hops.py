@@ -42,12 +42,14 @@ def test_posteriors_match_a_brute_force_over_every_permutation(V, m):
     rng = np.random.default_rng(V * 10 + m)
     b = hops.batch(rng, 12, n_symbols=V, hidden=m, max_hops=4, cot=True)
     d = hops.batch(np.random.default_rng(V * 10 + m), 12, n_symbols=V, hidden=m, max_hops=4)   # the same draws
-    H1, Q, _ = hops.tokens_of(V, 4)
+    H1, Q, _, UNSEEN = hops.tokens_of(V, 4)
     for row in range(12):
         tok = b["tokens"][row]
-        P = 2 * (V - m)
+        P = 2 * V
+        keys, values = tok[0:P:2], tok[1:P:2]
+        assert sorted(keys) == list(range(V)) and (values == UNSEEN).sum() == m   # every key, m of them hidden
         f_shown = -np.ones(V, dtype=int)
-        f_shown[tok[0:P:2]] = tok[1:P:2] - V
+        f_shown[keys[values != UNSEEN]] = values[values != UNSEEN] - V
         h, x = tok[P + 1] - H1 + 1, tok[P + 2]
         assert tok[P] == Q and np.array_equal(d["tokens"][row][:P + 3], tok[:P + 3])
         answers = np.flatnonzero(b["mask"][row])
@@ -84,10 +86,10 @@ def test_the_chain_rule_gives_the_direct_posterior():
 
 def test_groups_sizes_and_the_prior_gap():
     s = tasks.settings("hops", {"n_symbols": 6, "hidden": 2, "max_hops": 3})
-    assert hops.sizes(s) == dict(vocab=17, classes=6, max_len=2 * 4 + 3, eval_len=11)
-    assert hops.sizes({**s, "cot": True})["max_len"] == 13
+    assert hops.sizes(s) == dict(vocab=18, classes=6, max_len=2 * 6 + 3, eval_len=15)
+    assert hops.sizes({**s, "cot": True})["max_len"] == 17
     b = hops.sample(np.random.default_rng(0), 200, s)
-    h = b["tokens"][:, 9] - 12 + 1
+    h = b["tokens"][:, 13] - 12 + 1
     for k in (1, 2, 3):
         assert b["groups"][f"h={k}"].sum() == (h == k).sum()
     c = hops.sample(np.random.default_rng(0), 200, {**s, "cot": True})
@@ -114,26 +116,31 @@ def test_a_checkpoints_meta_takes_a_boolean_setting_as_a_boolean():
 
 
 def test_the_curriculum_draws_fewer_symbols_where_the_task_puts_its_pairs():
-    """Before step 10 the permutation acts on 3 of the 6 symbols (drawn per row), all three pairs shown in
-    three of the four pairs' places (FILL FILL in the other, at every place in some row): each answer is
-    one-hot on following the shown pairs, and over a batch every symbol is an answer."""
-    s = tasks.settings("hops", {"n_symbols": 6, "hidden": 2, "max_hops": 3, "symbol_curriculum": "3:10"})
-    H1, Q, FILL = hops.tokens_of(6, 3)
-    b = hops.sample(np.random.default_rng(0), 40, s, step=9)
-    empty = b["tokens"][:, 0:8:2] == FILL                               # (40, 4) the empty place per row
-    assert np.all(empty.sum(1) == 1) and np.all(empty.any(0)) and np.all(b["tokens"][:, 8] == Q)
-    assert np.array_equal(empty, b["tokens"][:, 1:8:2] == FILL)
-    for row in range(40):
-        keys, values = b["tokens"][row, 0:8:2], b["tokens"][row, 1:8:2]
-        f = dict(zip(keys[keys != FILL], values[values != FILL] - 6))
-        assert sorted(f) == sorted(f.values())                          # a permutation of the symbols in play
-        h, x = b["tokens"][row, 9] - H1 + 1, b["tokens"][row, 10]
-        for _ in range(h):
-            x = f[x]
-        np.testing.assert_array_equal(b["posterior"][row, 10], np.eye(6)[x])
-    assert set(b["targets"][b["mask"] > 0]) == set(range(6))
+    """Before step 10 the permutation acts on 4 of the 8 symbols (drawn per row), round(2 x 4 / 8) = 1 of its
+    pairs hidden, its four pairs in four of the eight places (FILL FILL in the others, every place used in
+    some row): each answer is the brute force's over the four (the symbols in play are the keys shown), and
+    over a batch every symbol is an answer."""
+    s = tasks.settings("hops", {"n_symbols": 8, "hidden": 2, "max_hops": 3, "symbol_curriculum": "4:10"})
+    H1, Q, FILL, UNSEEN = hops.tokens_of(8, 3)
+    b = hops.sample(np.random.default_rng(0), 60, s, step=9)
+    empty = b["tokens"][:, 0:16:2] == FILL                              # (60, 8) the empty places
+    assert np.all(empty.sum(1) == 4) and np.all(empty.any(0)) and np.all(b["tokens"][:, 16] == Q)
+    assert np.array_equal(empty, b["tokens"][:, 1:16:2] == FILL) and np.all((b["tokens"] == UNSEEN).sum(1) == 1)
+    for row in range(60):
+        keys, values = b["tokens"][row, 0:16:2], b["tokens"][row, 1:16:2]
+        play = keys[keys != FILL]                                       # the four symbols in play
+        local = {k: i for i, k in enumerate(play)}
+        f_shown = -np.ones(4, dtype=int)
+        for k, v in zip(keys, values):
+            if k != FILL and v != UNSEEN:
+                f_shown[local[k]] = local[v - 8]
+        h, x = b["tokens"][row, 17] - H1 + 1, b["tokens"][row, 18]
+        expect = np.zeros(8)
+        expect[play] = brute_force(f_shown, local[x], h)
+        np.testing.assert_allclose(b["posterior"][row, 18], expect)
+    assert set(b["targets"][b["mask"] > 0]) == set(range(8))
     full = hops.sample(np.random.default_rng(0), 20, s, step=10)        # the task itself from step 10 on
-    assert not np.any(full["tokens"][:, :8] == FILL)
+    assert not np.any(full["tokens"][:, :16] == FILL)
     assert hops.check_curriculum("1:10", {"hidden": 2}) == "every stage needs at least 2 symbols"
     assert hops.check_curriculum("2:10", {"hidden": 3}) is None             # a stage shows every pair
     assert hops.check_curriculum("3:10", {**s, "steps": 10}).startswith("its last stage ends at step 10")
@@ -141,7 +148,7 @@ def test_the_curriculum_draws_fewer_symbols_where_the_task_puts_its_pairs():
     # the hop curriculum: h from 1 to 2 before step 10 (3 is max_hops), every h after; a stage past max_hops
     # is clipped to it
     s = {**s, "symbol_curriculum": "", "hop_curriculum": "2:10"}
-    h_of = lambda b: b["tokens"][:, 9] - H1 + 1
+    h_of = lambda b: b["tokens"][:, 17] - H1 + 1
     assert set(h_of(hops.sample(np.random.default_rng(0), 200, s, step=9))) == {1, 2}
     assert set(h_of(hops.sample(np.random.default_rng(0), 200, s, step=10))) == {1, 2, 3}
     assert set(h_of(hops.sample(np.random.default_rng(0), 200, {**s, "hop_curriculum": "9:10"}, step=9))) == {1, 2, 3}
