@@ -649,7 +649,10 @@ def test_every_task_samples_consistent_batches(name, step):
     sizes = tasks.sizes(name, s)
     n, T, K = 7, sizes["max_len"], sizes["classes"]
     b = tasks.sample(name, np.random.default_rng(0), n, s, step)
-    assert set(b) <= {"tokens", "targets", "mask", "posterior", "query_mask", "groups"}
+    assert set(b) <= {"tokens", "targets", "mask", "posterior", "query_mask", "groups", "final_posterior", "final_target"}
+    if "final_posterior" in b:                                    # a task with chains (cot.py): one per row
+        assert b["final_posterior"].shape == (n, K) and b["final_target"].shape == (n,)
+        assert np.allclose(b["final_posterior"].sum(1), 1.0)
     for where in b.get("groups", {}).values():                   # each group: supervised answers, at least one
         assert where.shape == (n, T) and not np.any((where > 0) & (b["mask"] == 0)) and np.any(where > 0)
     assert b["tokens"].shape == b["targets"].shape == b["mask"].shape == (n, T) and b["posterior"].shape == (n, T, K)

@@ -11,8 +11,9 @@ A "batch" of a token wind tunnel is a dict of
     posterior (n, T, K) float64 (zeros where mask == 0),
 and optionally query_mask (n, T) float64: 1 at a supervised position the paper's entropy curve leaves
 out (the sawtooth's final query), and groups {name: (n, T) float64}: named answer groups, each scored on
-its own (evaluation.group_metrics). Supervised positions may differ from row to row; rows_of slices a
-batch.
+its own (evaluation.group_metrics); a task with chains of thought adds final_posterior (n, K) and
+final_target (n,), each row's last answer given the context alone (cot.py). Supervised positions may
+differ from row to row; rows_of slices a batch.
 Entropies and KL divergences are in bits.
 """
 import numpy as np
