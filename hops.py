@@ -28,7 +28,7 @@ pairs hidden; its pairs sit in slots drawn among the V places, FILL FILL in the 
 answers and T stay where they are, and every place holds pairs from the first stage on). The posterior
 stays exact: the symbols in play are the keys shown. --hop-curriculum H':S,... draws h from 1 to H' (at
 most max_hops) before step S. What the transformer needed (RESULTS.md, "Running out of layers"): without
-a curriculum it had not begun the lookup by step 1,500; from 4 symbols it had in one run of three, from
+a curriculum it had not begun the lookup by step 1,500; from 4 symbols it had in one run of four, from
 2 within 750 steps; with a stage's pairs at the end of the places the lookup broke at each change of
 stage; with no hidden pair before the task itself, the first hidden ones cost a spike of 12 bits.
 
