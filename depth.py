@@ -1,6 +1,7 @@
 """depth: running out of layers, and chain of thought as the way out, measured in the hops wind tunnel.
 
-    python depth.py [--out runs/depth] [--seeds 0 1] [--jobs 2] [--figures figures] [--max-hops 8]
+    python depth.py [--preset quick|default] [--out runs/depth] [--seeds 0 1] [--jobs 2] [--figures figures]
+                    [--max-hops 4]
 
 The papers close with a claim: a task that needs more steps of inference than the network has layers
 cannot be finished in one pass (the network "runs out of layers"), and chain of thought extends the
@@ -27,11 +28,14 @@ The rules, fixed here before the first run they judge (tests exercise every bran
     seed, the free-running reach with --cot exceeds the direct one (smallest over seeds against largest):
     supported; at every such depth it does not in any seed: not supported; else, or when no depth runs
     out, undecided.
-  Claim 3, without hallucinating: over the answers past a running-out depth's direct reach, the share
-    the free-running chain of thought hallucinates (evaluation: over half its mass on an answer the
-    posterior gives under 5%) is below the direct model's by more than twice the standard error of the
-    difference (binomial, pooled over seeds): supported; at or above it: not supported; else, or when no
-    depth runs out, undecided.
+  Claim 3, without hallucinating: over the answers past a running-out depth's direct reach (pooled over
+    the depths that run out and the seeds), the share the free-running chain of thought hallucinates
+    (evaluation: over half its mass on an answer the posterior gives under 5%), p, with its binomial
+    standard error s: supported when p + 2s < CEILING; not supported when p - 2s > CEILING, or when p is
+    above the direct model's share on the same answers by more than twice the standard error of the
+    difference; else, or when no depth runs out, undecided. (Amended after the first two probe runs and
+    before any depth.py run: the rule first asked the chain of thought to hallucinate less than the direct
+    model, which a direct model that is honestly unsure, as the probe's was, makes impossible.)
 What happens past a depth's reach is also said: hallucinating (confidently wrong) or honest doubt,
 whichever share is larger.
 """
@@ -49,10 +53,13 @@ import matrix  # noqa: E402
 import models  # noqa: E402
 
 DEPTHS = (1, 2, 3, 4, 6)        # the transformer's depths, one width
-MAX_HOPS = 8                    # h drawn from 1 to this in every cell
+MAX_HOPS = 4                    # h drawn from 1 to this in every cell (the task's default)
 OTHERS = ("lstm", "ssm")        # the recurrent families, at the preset transformer's count
 SEEDS = (0, 1)
+QUICK = dict(depths=(1, 2), seeds=(0,), max_hops=2)   # the quick preset (teaching, CI's smoke test): the
+                                                      # task's quick preset, the families at their quick sizes
 SUPPORTED, NOT_SUPPORTED, UNDECIDED = "supported", "not supported", "undecided"
+CEILING = 0.02                  # claim 3: a chain of thought "does not hallucinate" below this share
 
 
 # ----------------------------------------------------------------------------
@@ -136,11 +143,12 @@ def without_hallucinating(direct_share, cot_share):
     if direct_share is None or cot_share is None or not direct_share[1] or not cot_share[1]:
         return UNDECIDED
     pd, pc = direct_share[0] / direct_share[1], cot_share[0] / cot_share[1]
-    se = math.sqrt(pd * (1 - pd) / direct_share[1] + pc * (1 - pc) / cot_share[1])
-    if pc < pd - 2 * se:
-        return SUPPORTED
-    if pc >= pd:
+    sc = math.sqrt(pc * (1 - pc) / cot_share[1])
+    sd = math.sqrt(pd * (1 - pd) / direct_share[1] + sc ** 2)
+    if pc - 2 * sc > CEILING or pc > pd + 2 * sd:
         return NOT_SUPPORTED
+    if pc + 2 * sc < CEILING:
+        return SUPPORTED
     return UNDECIDED
 
 
@@ -235,14 +243,19 @@ def lines(rows, claims, max_hops):
 
 def main(argv_=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default=os.path.join("runs", "depth"))
-    p.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
+    p.add_argument("--preset", choices=("quick", "default"), default="default")
+    p.add_argument("--out", default=None, help="the cells' directory (default runs/depth[-quick])")
+    p.add_argument("--seeds", type=int, nargs="+", default=None, help="default: the preset's (quick 0; default 0 1)")
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--figures", default="figures")
-    p.add_argument("--max-hops", type=int, default=MAX_HOPS)
+    p.add_argument("--max-hops", type=int, default=None, help="default: the preset's (quick 2; default 4)")
     a = p.parse_args(argv_)
-    todo = cells(tuple(a.seeds), a.max_hops)
-    results = matrix.run("default", a.out, jobs=a.jobs, todo=todo)
+    quick = a.preset == "quick"
+    a.max_hops = a.max_hops or (QUICK["max_hops"] if quick else MAX_HOPS)
+    seeds = tuple(a.seeds or (QUICK["seeds"] if quick else SEEDS))
+    a.out = a.out or os.path.join("runs", "depth" + ("-quick" if quick else ""))
+    todo = cells(seeds, a.max_hops, QUICK["depths"] if quick else DEPTHS)
+    results = matrix.run(a.preset, a.out, jobs=a.jobs, todo=todo)
     rows, claims, shares = verdicts(results, todo, a.max_hops)
     with open(os.path.join(a.out, "depth.json"), "w") as f:
         json.dump(dict(max_hops=a.max_hops, good=matrix.GOOD, claims=claims, shares=shares,
@@ -250,7 +263,8 @@ def main(argv_=None):
     print("\n".join(lines(rows, claims, a.max_hops)))
     import plots
     os.makedirs(a.figures, exist_ok=True)
-    print(plots.plot_layers(rows, os.path.join(a.figures, "layers.png"), a.max_hops, group_score))
+    print(plots.plot_layers(rows, os.path.join(a.figures, "layers" + ("-quick" if quick else "") + ".png"),
+                            a.max_hops, group_score))
 
 
 if __name__ == "__main__":

@@ -143,8 +143,8 @@ def argv(cell, preset, run_dir, size=None):
          "--seed", str(cell["seed"]), "--threads", "1", "--no-baseline", "--no-geometry", "--quiet", "--out", run_dir]
     a += ["--soft"] if cell["task"] in SOFT else []
     a += cell.get("flags", [])                                    # a sweep point's settings
-    if size is not None and cell["layers"]:
-        a += ["--layers", str(cell["layers"]), "--width", str(size[1])]
+    if cell["layers"]:                                            # a depth row: the transformer's width
+        a += ["--layers", str(cell["layers"])] + (["--width", str(size[1])] if size is not None else [])
     elif size is not None and (cell["family"] != "transformer" or cell.get("match_all")):
         a += ["--params", str(size[0])]
     if os.path.exists(os.path.join(run_dir, "checkpoint.npz")):
