@@ -9,9 +9,12 @@ the exact posterior of the last hop given the context alone: the number a direct
 step. Three ways to run free:
     free_run     p_free itself, by expanding the chains the model gives at least `prune` of probability,
                  at most `beam` of them per row (the likeliest): the mass it drops is returned, so p_free is
-                 exact to within it, and since the dropped chains only add mass, a KL against this p_free is
-                 an upper bound on the KL against the whole (a calibrated model has at most as many chains
-                 as the posterior has completions: the hops task's m!, 6 at its default)
+                 exact to within it (a calibrated model has at most as many chains as the posterior has
+                 completions: the hops task's m!, 6 at its default). Since the dropped chains only add
+                 mass, the KL and the excess cross-entropy against this p_free are upper bounds on those
+                 against the whole, and its hallucinated share a lower bound; report adds the upper bound
+                 (hallucinated_upper: the dropped mass all put on the implausible answer), while its
+                 entropies, accuracy and honest doubt describe the kept mass only
     sample_run   S chains drawn token by token, what a user of the model sees: their final answers'
                  frequencies estimate p_free, with a Monte-Carlo error of about sqrt(p (1 - p) / S) each
     greedy_run   the argmax at every hop but the last; the model's distribution at the last hop
@@ -25,7 +28,7 @@ never read.
 import numpy as np
 
 import windtunnels as wt
-from evaluation import evaluate
+from evaluation import CONFIDENT, IMPLAUSIBLE, evaluate
 
 PRUNE = 1e-4        # free_run expands the chains the model gives at least this probability,
 BEAM = 16           # at most this many per row
@@ -110,6 +113,10 @@ def report(predict, batch, layout, prune=PRUNE, beam=BEAM, rows=ROWS):
     batch, layout = wt.rows_of(batch, slice(0, n)), (layout[0][:n], layout[1][:n])
     p_free, dropped = free_run(predict, batch, layout, prune, beam)
     free = as_answers(batch, layout, p_free)
+    post, hops = batch["final_posterior"], layout[1]
+    upper = np.any((p_free + dropped[:, None] > CONFIDENT) & (post < IMPLAUSIBLE), axis=-1)    # (n,)
+    for name, g in free["groups"].items():
+        g["hallucinated_upper"] = float(upper[hops == int(name[2:])].mean())
     free.update(dropped_mass_max=float(dropped.max()), dropped_mass_mean=float(dropped.mean()), prune=prune,
                 beam=beam, rows=n)
     greedy = as_answers(batch, layout, greedy_run(predict, batch, layout))

@@ -20,24 +20,29 @@ The rules, fixed here before the first run they judge (tests exercise every bran
   score(h)   1 - KL / KL(uniform) on the answers of h hops: the matrix's score, on one answer group
   solved(h)  score(h) >= matrix.GOOD (0.95)
   reach      the largest h with every h' <= h solved (0: not even one hop), per seed
+  short      a depth whose direct reach is at least 1 and below max_hops in every seed (it does the first
+             hop and runs out before the last)
+  Every claim is undecided while a transformer cell of the sweep is missing (not yet run, failed).
   Claim 1, a fixed depth runs out: supported when some depth's direct reach is below max_hops in every
     seed and a deeper one reaches further in every seed (its smallest reach over seeds above the
-    shallower's largest); not supported when no deeper depth reaches further than a shallower one in any
-    seed; undecided else (the seeds disagree).
-  Claim 2, chain of thought extends it: at every depth whose direct reach is below max_hops in every
-    seed, the free-running reach with --cot exceeds the direct one (smallest over seeds against largest):
-    supported; at every such depth it does not in any seed: not supported; else, or when no depth runs
-    out, undecided.
-  Claim 3, without hallucinating: over the answers past a running-out depth's direct reach (pooled over
-    the depths that run out and the seeds), the share the free-running chain of thought hallucinates
-    (evaluation: over half its mass on an answer the posterior gives under 5%), p, with its binomial
-    standard error s: supported when p + 2s < CEILING; not supported when p - 2s > CEILING, or when p is
-    above the direct model's share on the same answers by more than twice the standard error of the
-    difference; else, or when no depth runs out, undecided. (Amended after the first two probe runs and
-    before any depth.py run: the rule first asked the chain of thought to hallucinate less than the direct
-    model, which a direct model that is honestly unsure, as the probe's was, makes impossible.)
-What happens past a depth's reach is also said: hallucinating (confidently wrong) or honest doubt,
-whichever share is larger.
+    shallower's largest); not supported when some depth is short and no deeper depth reaches further than
+    a shallower one in any seed; undecided else (the seeds disagree; nothing learned; every depth at
+    max_hops: the range was too small to tell).
+  Claim 2, chain of thought extends it: at every short depth, the free-running reach with --cot exceeds
+    the direct one (smallest over seeds against largest): supported; at every short depth it does not in
+    any seed: not supported; else, or when no depth is short, undecided.
+  Claim 3, without hallucinating: over the free-running chain of thought's final answers past the largest
+    direct reach of each short depth (its seeds pooled, the depths pooled), the share hallucinated
+    (evaluation: over half its mass on an answer the posterior gives under 5%), with a Wilson interval at
+    two standard errors: supported when its upper end, on the upper bound of the share (cot.py: the mass
+    the free run dropped put on an implausible answer), is below CEILING; not supported when its lower
+    end, on the share itself, is above CEILING; else, or when no depth is short, undecided. The direct
+    model's share on the same answers is reported beside it. (Amended after the first two probe runs and
+    before any depth.py run: the rule first asked the chain of thought to hallucinate less than the
+    direct model, which a direct model that is honestly unsure, as the probe's was, makes impossible; and
+    after a referee's read, before any run: Wilson intervals, the upper bound, short depths only.)
+What happens past a depth's reach is also said: hallucinating or honest doubt, whichever share is larger
+and at least NOTABLE, else neither (wrong, but neither confident nor unsure).
 """
 
 import os
@@ -60,6 +65,8 @@ QUICK = dict(depths=(1, 2), seeds=(0,), max_hops=2)   # the quick preset (teachi
                                                       # task's quick preset, the families at their quick sizes
 SUPPORTED, NOT_SUPPORTED, UNDECIDED = "supported", "not supported", "undecided"
 CEILING = 0.02                  # claim 3: a chain of thought "does not hallucinate" below this share
+Z = 2.0                         # claim 3's interval: two standard errors
+NOTABLE = 0.05                  # what happens past the reach: a share below this does not name it
 
 
 # ----------------------------------------------------------------------------
@@ -67,6 +74,8 @@ CEILING = 0.02                  # claim 3: a chain of thought "does not hallucin
 
 def group_score(g):
     """One answer group's score: 1 - KL / KL(uniform), KL(uniform) = log2 K - mean H_Bayes on its answers."""
+    if g["prior_kl_bits"] <= 0:
+        raise ValueError("an answer group whose exact answers are all uniform has no score (KL(uniform) = 0)")
     return 1.0 - g["kl_bits"] / g["prior_kl_bits"]
 
 
@@ -104,20 +113,20 @@ def runs_out(direct, max_hops):
     pairs = [(a, b) for i, a in enumerate(depths) for b in depths[i + 1:]]
     if any(max(direct[a]) < max_hops and min(direct[b]) > max(direct[a]) for a, b in pairs):
         return SUPPORTED
-    if all(max(direct[b]) <= min(direct[a]) for a, b in pairs):
+    if short_depths(direct, max_hops) and all(max(direct[b]) <= min(direct[a]) for a, b in pairs):
         return NOT_SUPPORTED
     return UNDECIDED
 
 
-def out_of_layers(direct, max_hops):
-    """The depths whose direct reach is below max_hops in every seed."""
-    return [L for L in sorted(direct) if max(direct[L]) < max_hops]
+def short_depths(direct, max_hops):
+    """The depths whose direct reach is at least 1 and below max_hops in every seed."""
+    return [L for L in sorted(direct) if min(direct[L]) >= 1 and max(direct[L]) < max_hops]
 
 
 def cot_extends(direct, cot, max_hops):
     """Claim 2. direct, cot: {depth: [reach per seed]} (cot: running free)."""
-    short = [L for L in out_of_layers(direct, max_hops) if L in cot]
-    if not short:
+    short = short_depths(direct, max_hops)
+    if not short or any(L not in cot for L in short):
         return UNDECIDED
     if all(min(cot[L]) > max(direct[L]) for L in short):
         return SUPPORTED
@@ -126,35 +135,39 @@ def cot_extends(direct, cot, max_hops):
     return UNDECIDED
 
 
-def past_reach(groups_by_seed, reaches):
-    """(hallucinated answers, all answers) pooled over the seeds, on the h past each seed's reach."""
+def past_reach(groups_by_seed, cut, key="hallucinated"):
+    """(answers with key, all answers) pooled over the seeds, on every h above cut."""
     bad = n = 0
-    for groups, r in zip(groups_by_seed, reaches):
+    for groups in groups_by_seed:
         for h, g in groups.items():
-            if h > r:
-                bad += g["hallucinated"] * g["n_answers"]
+            if h > cut:
+                bad += g.get(key, g["hallucinated"]) * g["n_answers"]
                 n += g["n_answers"]
     return bad, n
 
 
-def without_hallucinating(direct_share, cot_share):
-    """Claim 3. Each (hallucinated, answers) pooled over the depths that run out and their seeds, the cot's
-    on the same h as the direct's; None where no depth runs out."""
-    if direct_share is None or cot_share is None or not direct_share[1] or not cot_share[1]:
+def wilson(k, n, z=Z):
+    """The Wilson score interval of a share k / n at z standard errors: (low, high)."""
+    p, z2 = k / n, z * z
+    centre, half = p + z2 / (2 * n), z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
+    return (centre - half) / (1 + z2 / n), (centre + half) / (1 + z2 / n)
+
+
+def without_hallucinating(cot_share):
+    """Claim 3. cot_share: (hallucinated, hallucinated at most, answers), pooled, or None (no short depth)."""
+    if cot_share is None or not cot_share[2]:
         return UNDECIDED
-    pd, pc = direct_share[0] / direct_share[1], cot_share[0] / cot_share[1]
-    sc = math.sqrt(pc * (1 - pc) / cot_share[1])
-    sd = math.sqrt(pd * (1 - pd) / direct_share[1] + sc ** 2)
-    if pc - 2 * sc > CEILING or pc > pd + 2 * sd:
-        return NOT_SUPPORTED
-    if pc + 2 * sc < CEILING:
+    low, high = wilson(cot_share[0], cot_share[2])[0], wilson(cot_share[1], cot_share[2])[1]
+    if high < CEILING:
         return SUPPORTED
+    if low > CEILING:
+        return NOT_SUPPORTED
     return UNDECIDED
 
 
 def behaviour_past_reach(groups_by_seed, reaches):
-    """"hallucinating" or "honest doubt": which share is larger over the answers past the reach, with both
-    shares; None when no answer lies past it."""
+    """"hallucinating", "honest doubt" or "neither": which share is larger (and at least NOTABLE) over the
+    answers past each seed's reach, with both shares; None when no answer lies past it."""
     hall = doubt = n = 0.0
     for groups, r in zip(groups_by_seed, reaches):
         for h, g in groups.items():
@@ -164,8 +177,8 @@ def behaviour_past_reach(groups_by_seed, reaches):
                 n += g["n_answers"]
     if not n:
         return None
-    return dict(kind="hallucinating" if hall > doubt else "honest doubt", hallucinated=hall / n,
-                honest_doubt=doubt / n, answers=int(n))
+    kind = "neither" if max(hall, doubt) / n < NOTABLE else "hallucinating" if hall > doubt else "honest doubt"
+    return dict(kind=kind, hallucinated=hall / n, honest_doubt=doubt / n, answers=int(n))
 
 
 # ----------------------------------------------------------------------------
@@ -187,7 +200,8 @@ def cells(seeds=SEEDS, max_hops=MAX_HOPS, depths=DEPTHS, others=OTHERS):
 
 
 def verdicts(results, todo, max_hops):
-    """results {cell name: metrics} -> rows per (family, layers, mode) and the three claims."""
+    """results {cell name: metrics} -> rows per (family, layers, mode), the three claims, and what claim 3
+    pooled (and the transformer cells missing, which leave every claim undecided)."""
     rows = {}
     for c in todo:
         m = results.get(c["name"])
@@ -198,27 +212,33 @@ def verdicts(results, todo, max_hops):
                                       steps=m["steps"], groups=[], reach=[], seeds=[]))
         g = answer_groups(m, c["cot"])
         r["groups"].append(g)
-        r["flops"] = {h: forward_flops(c["family"], m, h) for h in g}
         r["reach"].append(reach(g))
         r["seeds"].append(c["seed"])
+        r["flops"] = {h: forward_flops(c["family"], m, h) for h in g}     # the same config for every seed
+    for r in rows.values():
+        r["past_reach"] = behaviour_past_reach(r["groups"], r["reach"])
+    missing = [c["name"] for c in todo if c["family"] == "transformer" and
+               (results.get(c["name"]) is None or "sits_out" in results[c["name"]] or "failed" in results[c["name"]])]
     depth = {cot: {r["layers"]: r["reach"] for r in rows.values() if r["family"] == "transformer" and r["cot"] == cot}
              for cot in (False, True)}
-    short = out_of_layers(depth[False], max_hops) if depth[False] else []
+    short = short_depths(depth[False], max_hops) if depth[False] else []
     d_share = c_share = None
     for L in short:
         d, c = rows[("transformer", L, False)], rows.get(("transformer", L, True))
         if c is None:
             continue
-        db, dn = past_reach(d["groups"], d["reach"])
-        cb, cn = past_reach(c["groups"], [max(d["reach"])] * len(c["groups"]))    # the same h as the direct's
+        cut = max(d["reach"])                                   # the same h for both: past every seed's reach
+        db, dn = past_reach(d["groups"], cut)
+        cb, cn = past_reach(c["groups"], cut)
+        cu, _ = past_reach(c["groups"], cut, "hallucinated_upper")
         d_share = (d_share[0] + db, d_share[1] + dn) if d_share else (db, dn)
-        c_share = (c_share[0] + cb, c_share[1] + cn) if c_share else (cb, cn)
-    for r in rows.values():
-        r["past_reach"] = behaviour_past_reach(r["groups"], r["reach"])
+        c_share = (c_share[0] + cb, c_share[1] + cu, c_share[2] + cn) if c_share else (cb, cu, cn)
     claims = {"a fixed depth runs out": runs_out(depth[False], max_hops) if len(depth[False]) > 1 else UNDECIDED,
               "chain of thought extends it": cot_extends(depth[False], depth[True], max_hops),
-              "without hallucinating": without_hallucinating(d_share, c_share)}
-    return list(rows.values()), claims, dict(direct=d_share, cot=c_share, depths_out_of_layers=short)
+              "without hallucinating": without_hallucinating(c_share)}
+    if missing:
+        claims = {k: UNDECIDED for k in claims}
+    return list(rows.values()), claims, dict(direct=d_share, cot=c_share, short_depths=short, missing=missing)
 
 
 def lines(rows, claims, max_hops):

@@ -142,7 +142,8 @@ def group_metrics(q_all, batch, where):
     accuracy: how often the model's argmax is that answer; and two shares of all its answers, defined
     before any run read them: hallucinated, the model puts more than CONFIDENT of its mass on one answer
     the posterior gives less than IMPLAUSIBLE (confident and wrong); honest_doubt, the posterior is one-hot,
-    the model's entropy is at least DOUBT_BITS and it does not hallucinate (unsure, but not wrong)."""
+    the model's entropy is at least DOUBT_BITS, it gives the true answer at least IMPLAUSIBLE and it does not
+    hallucinate (unsure, but not ruling out the truth)."""
     q, post, y = q_all[where], batch["posterior"][where], batch["targets"][where]      # (N, K), (N, K), (N,)
     ce = lambda p: -np.log2(np.maximum(p[np.arange(len(y)), y], wt.TINY))             # (N,)
     h_model, h_bayes = wt.entropy_bits(q), wt.entropy_bits(post)
@@ -153,7 +154,8 @@ def group_metrics(q_all, batch, where):
                h_model_bits=float(h_model.mean()), h_bayes_bits=float(h_bayes.mean()), one_hot=float(one_hot.mean()))
     hallucinated = np.any((q > CONFIDENT) & (post < IMPLAUSIBLE), axis=-1)            # (N,)
     out.update(hallucinated=float(hallucinated.mean()),
-               honest_doubt=float((one_hot & (h_model >= DOUBT_BITS) & ~hallucinated).mean()))
+               honest_doubt=float((one_hot & (h_model >= DOUBT_BITS) & ~hallucinated
+                                   & (q[np.arange(len(q)), post.argmax(-1)] >= IMPLAUSIBLE)).mean()))
     if one_hot.any():
         out["accuracy"] = float((q[one_hot].argmax(-1) == post[one_hot].argmax(-1)).mean())
     return out

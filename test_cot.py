@@ -77,6 +77,10 @@ def test_pruning_drops_the_chains_below_it_and_says_how_much():
     # chains left end with 1/16 each, spread evenly, p_free 1/8 in all, dropped 7/8
     p, d = cot.free_run(uniform, b, layout, prune=1e-12, beam=2)
     assert p.sum() == pytest.approx(0.125) and d[0] == pytest.approx(0.875)
+    # what the dropped mass leaves open: with all of it dropped no answer is hallucinated in what is kept,
+    # but all of it could sit on an answer the posterior (1/2, 1/2, 0, 0) rules out: the upper bound is 1
+    g = cot.report(uniform, b, layout, prune=0.1)["free"]["groups"]["h=3"]
+    assert (g["hallucinated"], g["hallucinated_upper"]) == (0.0, 1.0)
 
 
 def test_a_model_calibrated_at_every_hop_runs_free_to_the_exact_posterior():

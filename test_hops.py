@@ -153,3 +153,12 @@ def test_the_curriculum_draws_fewer_symbols_where_the_task_puts_its_pairs():
     assert set(h_of(hops.sample(np.random.default_rng(0), 200, s, step=10))) == {1, 2, 3}
     assert set(h_of(hops.sample(np.random.default_rng(0), 200, {**s, "hop_curriculum": "9:10"}, step=9))) == {1, 2, 3}
     assert hops.check_hop_curriculum("0:10", s) == "each hops must lie in 1..64 and the steps must increase"
+
+
+def test_posteriors_computed_in_chunks_of_rows_are_the_same(monkeypatch):
+    f_shown = np.array([[1, 2, -1, -1], [-1, 0, 3, -1], [2, -1, -1, 1]])
+    x, chain = np.array([0, 1, 3]), np.array([[0, 1, 2, 3], [1, 0, 2, 3], [3, 1, 0, 2]])
+    whole = hops.hop_posteriors(f_shown, x, 3, chain)
+    monkeypatch.setattr(hops, "CHUNK", 1)                               # one row at a time
+    for a, b in zip(whole, hops.hop_posteriors(f_shown, x, 3, chain)):
+        np.testing.assert_array_equal(a, b)

@@ -445,14 +445,15 @@ def test_hallucinated_and_honest_doubt_are_shares_of_all_a_groups_answers():
     H 1.846: honest doubt. (3) posterior (.5, .5, 0, 0), model (.45, .45, .1, 0): neither. (4) posterior
     (.96, .04, 0, 0), model .7 on 1 (< .05 there): hallucinated, though not one-hot. (5) one-hot, model exact:
     neither. (6) one-hot on 0, model (.4, .3, .3, 0): .6 on the wrong answers together but at most .3 on any
-    one: not hallucinated; H 1.571: honest doubt. Shares 2/6 and 2/6 (over the one-hot answers alone 1/4 and
-    2/4; mass on the wrong set instead of one answer: 3/6 and 1/6)."""
-    post = np.array([[1, 0, 0, 0], [1, 0, 0, 0], [.5, .5, 0, 0], [.96, .04, 0, 0], [1, 0, 0, 0], [1, 0, 0, 0]],
-                    float)[None]
+    one: not hallucinated; H 1.571: honest doubt. (7) one-hot on 0, model (.02, .49, .49, 0): no answer over
+    1/2, H 1.12, but the truth given .02: neither. Shares 2/7 and 2/7 (over the one-hot answers alone 1/5 and
+    2/5; mass on the wrong set instead of one answer: 4/7 and 1/7; without the truth's floor, doubt 3/7)."""
+    post = np.array([[1, 0, 0, 0], [1, 0, 0, 0], [.5, .5, 0, 0], [.96, .04, 0, 0], [1, 0, 0, 0], [1, 0, 0, 0],
+                     [1, 0, 0, 0]], float)[None]
     q = np.array([[.1, .6, .2, .1], [.4, .3, .2, .1], [.45, .45, .1, 0], [.3, .7, 0, 0], [1, 0, 0, 0],
-                  [.4, .3, .3, 0]])[None]
-    every = np.ones((1, 6))
-    batch = dict(tokens=np.zeros((1, 6), dtype=int), targets=np.zeros((1, 6), dtype=int), mask=every,
+                  [.4, .3, .3, 0], [.02, .49, .49, 0]])[None]
+    every = np.ones((1, 7))
+    batch = dict(tokens=np.zeros((1, 7), dtype=int), targets=np.zeros((1, 7), dtype=int), mask=every,
                  posterior=post, groups={"all": every})
     g = evaluate(lambda tok: q, batch)[0]["groups"]["all"]
-    assert g["hallucinated"] == pytest.approx(2 / 6) and g["honest_doubt"] == pytest.approx(2 / 6)
+    assert g["hallucinated"] == pytest.approx(2 / 7) and g["honest_doubt"] == pytest.approx(2 / 7)
