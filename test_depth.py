@@ -1,0 +1,133 @@
+"""depth.py's rules, every branch, on hand-made runs."""
+
+import pytest
+
+import depth
+import matrix
+import models
+
+pytestmark = pytest.mark.plain_python
+
+
+def g(kl, h_bayes=1.0, n=100, hall=0.0, doubt=0.0):
+    return dict(kl_bits=kl, h_bayes_bits=h_bayes, n_answers=n, hallucinated=hall, honest_doubt=doubt,
+                prior_kl_bits=4.0 - h_bayes)       # K = 16, as answer_groups computes it
+
+
+def metrics(groups, cot=False, K=16):
+    named = {f"h={h}": v for h, v in groups.items()}
+    import dataclasses
+    import models
+    config = dataclasses.asdict(models.make_config("transformer", vocab_size=50, n_classes=K, max_len=40, d_model=8,
+                                                   n_layers=1, n_heads=2))
+    m = dict(config=config, params=1000, steps=10, groups={} if cot else named,
+             settings=dict(n_symbols=K, hidden=3, max_hops=8, cot=cot))
+    if cot:
+        m["free_run"] = {"free": {"groups": named}}
+    return m
+
+
+def test_a_groups_score_reads_its_prior_from_its_mean_exact_entropy():
+    """K = 16, mean H_Bayes 1 bit: the uniform predictor's KL is 4 - 1 = 3 bits; a KL of 0.15 scores 0.95
+    (solved, the threshold itself), 0.3 scores 0.9 (not). With log2 K alone (4 bits) 0.15 would score 0.9625."""
+    groups = depth.answer_groups(metrics({1: g(0.15), 2: g(0.3)}), cot=False)
+    assert depth.group_score(groups[1]) == pytest.approx(0.95) and depth.group_score(groups[2]) == pytest.approx(0.9)
+    assert depth.reach(groups) == 1
+    cot = depth.answer_groups(metrics({1: g(0.0), 2: g(0.0)}, cot=True), cot=True)    # the free run's groups
+    assert depth.reach(cot) == 2
+
+
+def test_reach_stops_at_the_first_unsolved_or_missing_h():
+    good, bad = g(0.01), g(2.0)
+    assert depth.reach({1: good, 2: good, 3: bad, 4: good}) == 2
+    assert depth.reach({1: bad, 2: good}) == 0
+    assert depth.reach({1: good, 3: good}) == 1                       # no answers of 2 hops: not solved
+    assert matrix.GOOD == 0.95
+
+
+def test_claim_one_every_branch():
+    assert depth.runs_out({1: [1, 1], 2: [3, 2], 4: [8, 8]}, 8) == depth.SUPPORTED
+    assert depth.runs_out({1: [3, 3], 2: [3, 2]}, 8) == depth.NOT_SUPPORTED       # deeper never reaches further
+    assert depth.runs_out({1: [1, 2], 2: [2, 3]}, 8) == depth.UNDECIDED           # a seed each way
+    assert depth.runs_out({1: [8, 8], 2: [8, 8]}, 8) == depth.UNDECIDED           # the range was too small
+    assert depth.runs_out({1: [0, 0], 2: [0, 0]}, 8) == depth.UNDECIDED           # nothing learned
+    assert depth.short_depths({1: [0, 0], 2: [1, 2], 3: [2, 8], 4: [8, 8]}, 8) == [2]
+
+
+def test_claim_two_every_branch():
+    direct = {1: [1, 1], 2: [2, 2], 4: [8, 8]}
+    assert depth.cot_extends(direct, {1: [3, 4], 2: [5, 5]}, 8) == depth.SUPPORTED
+    assert depth.cot_extends(direct, {1: [1, 0], 2: [2, 1]}, 8) == depth.NOT_SUPPORTED
+    assert depth.cot_extends(direct, {1: [3, 3], 2: [2, 2]}, 8) == depth.UNDECIDED   # extends at one depth only
+    assert depth.cot_extends(direct, {2: [5, 5]}, 8) == depth.UNDECIDED              # depth 1's cot is missing
+    assert depth.cot_extends({1: [8, 8]}, {1: [8, 8]}, 8) == depth.UNDECIDED         # nothing ran out
+    assert depth.cot_extends({1: [0, 0], 4: [4, 4]}, {1: [1, 1]}, 4) == depth.UNDECIDED   # no hop done directly
+
+
+def test_claim_three_every_branch():
+    """Wilson intervals at z = 2 against CEILING 0.02. 0 of 400: high (0.005 + 0.005) / 1.01 = 0.0099:
+    supported. 0 of 100: high 0.04 / 1.04 = 0.0385, low 0: undecided (and 0 of 1, the Wald interval's
+    zero width, too). 2 of 400, at most 2: high (0.01 + 0.00865) / 1.01 = 0.0185: supported; at most 40 (the
+    dropped mass could hallucinate): undecided. 40 of 400: low (0.105 - 0.0304) / 1.01 = 0.0738: not
+    supported."""
+    assert depth.wilson(0, 400)[1] == pytest.approx(0.0099, abs=1e-4)
+    assert depth.wilson(2, 400) == (pytest.approx(0.00134, abs=1e-5), pytest.approx(0.01846, abs=1e-5))
+    assert depth.without_hallucinating((0, 0, 400)) == depth.SUPPORTED
+    assert depth.without_hallucinating((0, 0, 100)) == depth.UNDECIDED
+    assert depth.without_hallucinating((0, 0, 1)) == depth.UNDECIDED
+    assert depth.without_hallucinating((2, 2, 400)) == depth.SUPPORTED
+    assert depth.without_hallucinating((2, 40, 400)) == depth.UNDECIDED
+    assert depth.without_hallucinating((40, 40, 400)) == depth.NOT_SUPPORTED
+    assert depth.without_hallucinating(None) == depth.UNDECIDED == depth.without_hallucinating((0, 0, 0))
+    assert depth.CEILING == 0.02 and depth.Z == 2.0
+
+
+def test_what_happens_past_the_reach_is_pooled_over_seeds_by_answers():
+    """Seed 0 reaches 1: h = 2 (100 answers, 40% hallucinated, 10% doubt) lies past it; seed 1 reaches 2: h = 3
+    (300 answers, 0% and 50%). Pooled by answers: hallucinated 40 / 400 = 0.1, doubt (10 + 150) / 400 = 0.4:
+    honest doubt (averaging the two seeds' shares instead: 0.2 and 0.3)."""
+    seeds = [{1: g(0.0), 2: g(2.0, hall=0.4, doubt=0.1)}, {1: g(0.0), 2: g(0.0), 3: g(2.0, n=300, doubt=0.5)}]
+    p = depth.behaviour_past_reach(seeds, [1, 2])
+    assert p["kind"] == "honest doubt" and p["answers"] == 400
+    assert (p["hallucinated"], p["honest_doubt"]) == (pytest.approx(0.1), pytest.approx(0.4))
+    assert depth.behaviour_past_reach(seeds, [3, 3]) is None
+    quiet = [{1: g(0.0), 2: g(2.0, hall=0.02, doubt=0.03)}]               # wrong, but neither share notable
+    assert depth.behaviour_past_reach(quiet, [1])["kind"] == "neither"
+    # claim 3's pool: one cut for every seed (h = 2 and 3 past 1: 40 + 0 of 100 + 100 + 300)
+    assert depth.past_reach(seeds, 1) == (pytest.approx(40.0), 500)
+    with pytest.raises(ValueError, match="no score"):
+        depth.group_score(dict(kl_bits=0.1, prior_kl_bits=0.0))
+
+
+def test_the_verdicts_of_a_whole_sweep():
+    """Depth 1 reaches 1 hop directly (2 and 3 fail, half hallucinated), depth 2 all three; with cot, depth 1
+    reaches 3 running free, hallucinating none of the 400 answers past the direct reach: every claim
+    supported; with one transformer cell missing, every claim undecided."""
+    todo = depth.cells(seeds=(0, 1), max_hops=3, depths=(1, 2), others=())
+    solved, failed = g(0.01), g(2.0, hall=0.5)
+    results = {}
+    for c in todo:
+        if c["cot"]:
+            groups = {1: solved, 2: solved, 3: solved}
+        else:
+            groups = {1: solved, 2: failed, 3: failed} if c["layers"] == 1 else {1: solved, 2: solved, 3: solved}
+        results[c["name"]] = metrics(groups, cot=c["cot"])
+    rows, claims, shares = depth.verdicts(results, todo, 3)
+    assert claims == {"a fixed depth runs out": depth.SUPPORTED, "chain of thought extends it": depth.SUPPORTED,
+                      "without hallucinating": depth.SUPPORTED}
+    assert shares["short_depths"] == [1] and shares["direct"] == (pytest.approx(200.0), 400)
+    assert shares["cot"] == (0.0, 0.0, 400) and shares["missing"] == []
+    one = next(r for r in rows if r["layers"] == 1 and not r["cot"])
+    assert one["reach"] == [1, 1] and one["past_reach"]["kind"] == "hallucinating"
+    assert any("claim: a fixed depth runs out: supported" == line for line in depth.lines(rows, claims, 3))
+    # compute to the answer: the family's forward at the length read, direct 2 x 16 + 3 = 35 tokens at every
+    # h, a chain of thought h - 1 more (its written hops)
+    cfg = models.config_from_dict("transformer", results[todo[0]["name"]]["config"])
+    fwd = lambda T: models.step_flops("transformer", cfg, 1, T) / 3
+    cot_one = next(r for r in rows if r["layers"] == 1 and r["cot"])
+    assert one["flops"] == {1: fwd(35), 2: fwd(35), 3: fwd(35)}
+    assert cot_one["flops"] == {1: fwd(35), 2: fwd(36), 3: fwd(37)} and fwd(37) > fwd(35)
+    assert len({c["name"] for c in depth.cells()}) == len(depth.cells()) == 2 * 2 * (len(depth.DEPTHS) + 2)
+    del results[todo[-1]["name"]]
+    _, claims, shares = depth.verdicts(results, todo, 3)
+    assert set(claims.values()) == {depth.UNDECIDED} and shares["missing"] == [todo[-1]["name"]]
