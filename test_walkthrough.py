@@ -1,5 +1,5 @@
-"""WALKTHROUGH.md's commands, run in order as a student would (each takes under a minute; the one longer run
-at its quick preset), and the answers of
+"""WALKTHROUGH.md's commands, run in order as a student would (each takes under a minute; the two longer runs
+at their quick presets), and the answers of
 its exercises checked against what they print and write, so the document cannot drift from the code. They run
 in a temporary folder with the repository on the path."""
 
@@ -33,6 +33,7 @@ def test_every_walkthrough_command_runs(tmp_path):
         # the one long run (exercise 9's recall, about 8 minutes) runs at the quick preset here: that it runs and
         # writes its groups is checked; its numbers are RESULTS.md's, from a run of the command as written
         script = script.replace("--task recall ", "--task recall --preset quick ")
+        script = script.replace("--task hops ", "--task hops --preset quick ")              # exercise 10 likewise
         proc = subprocess.run(["bash", "-e", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
                               timeout=600)
         assert proc.returncode == 0, f"{block}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
@@ -60,6 +61,9 @@ def test_every_walkthrough_command_runs(tmp_path):
     # exercise 9: the recall run scores its two groups apart and draws them
     assert set(metrics("walkthrough-recall")["groups"]) == {"stored", "not stored"}
     assert (tmp_path / "runs" / "walkthrough-recall" / "walkthrough-recall_groups.png").exists()
+    # exercise 10: the hops run scores each h apart, at the depth asked
+    hops_run = metrics("walkthrough-hops")
+    assert set(hops_run["groups"]) == {"h=1", "h=2", "h=3", "h=4"} and hops_run["config"]["n_layers"] == 2
     # exercise 2: at the same 60 steps, the soft targets' KL is below the sampled ones'
     assert metrics("walkthrough-soft")["kl_bits"] < metrics("walkthrough-sampled")["kl_bits"]
     # exercise 3: the authors' MLP lands on the prior's gap of the sawtooth (1.849 bits)
