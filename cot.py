@@ -122,3 +122,14 @@ def report(predict, batch, layout, prune=PRUNE, beam=BEAM, rows=ROWS):
     greedy = as_answers(batch, layout, greedy_run(predict, batch, layout))
     return dict(free=free, greedy=greedy)
 
+
+def examples(predict, batch, layout, k=4, prune=PRUNE, beam=BEAM):
+    """The companion figure's sequences: the first k rows whose exact final answer is uncertain (the others
+    if too few) -> dict(rows, hops, posterior (k, K), p_free (k, K), dropped (k,)): what the model, running
+    free, ends on against the exact posterior given the context alone."""
+    uncertain = np.flatnonzero(batch["final_posterior"].max(-1) < 1.0)
+    rows = np.concatenate([uncertain, np.setdiff1d(np.arange(len(layout[0])), uncertain)])[:k]
+    sub = wt.rows_of(batch, rows)
+    p_free, dropped = free_run(predict, sub, (layout[0][rows], layout[1][rows]), prune, beam)
+    return dict(rows=rows, hops=layout[1][rows], posterior=sub["final_posterior"], p_free=p_free, dropped=dropped)
+

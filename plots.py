@@ -265,3 +265,24 @@ def plot_layers(rows, path, max_hops, score):
     ax.legend(frameon=False, fontsize=6, ncol=2)
     fig.tight_layout()
     return _save(fig, path)
+
+
+def plot_free(ex, task, path):
+    """A chain of thought running free on a few held-out sequences (cot.examples): the distribution of the
+    answer it ends on, against the exact posterior of that answer given the context alone."""
+    plt = _plt()
+    k, K = ex["posterior"].shape
+    fig, axes = plt.subplots(1, k, figsize=(3.2 * k, 3.0), squeeze=False)
+    x = np.arange(K)
+    for i, ax in enumerate(axes[0]):
+        ax.bar(x - 0.2, ex["posterior"][i], 0.4, color="black", label="exact posterior")
+        ax.bar(x + 0.2, ex["p_free"][i], 0.4, color="C1", label="model, running free")
+        ax.set_title(f"sequence {ex['rows'][i]}, h = {ex['hops'][i]} (dropped {ex['dropped'][i]:.1g})", fontsize=8)
+        ax.set_xlabel("final answer")
+        ax.set_ylim(0, 1.05)
+    axes[0][0].set_ylabel("probability")
+    axes[0][0].legend(frameon=False, fontsize=7)
+    fig.suptitle(f"{task}: the answer a chain of thought ends on when it writes its own hops", fontsize=9)
+    fig.tight_layout()
+    return _save(fig, path)
+

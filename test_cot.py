@@ -1,5 +1,7 @@
 """Running a chain of thought free: exact free-running distributions, sampling and greedy decoding, on oracles
 whose answers are known by hand."""
+import os
+
 import numpy as np
 import pytest
 
@@ -98,3 +100,17 @@ def test_a_model_calibrated_at_every_hop_runs_free_to_the_exact_posterior():
     se = np.sqrt(p_free * (1 - p_free) / S) + 1e-12
     assert np.all(np.abs(freq - p_free) <= 5 * se + 1e-12)
     assert hops.chain_layout(hops.batch(np.random.default_rng(0), 4, **{**s, "cot": False}), {**s, "cot": False}) is None
+
+
+def test_the_companion_figures_sequences_are_uncertain_ones_first(tmp_path):
+    """An oracle on held-out sequences: the examples start with the rows whose final posterior is uncertain,
+    the oracle's free run matches each one, and the figure is written."""
+    import plots
+    s = dict(n_symbols=6, hidden=3, max_hops=4, cot=True)
+    b = hops.batch(np.random.default_rng(0), 40, **s)
+    ex = cot.examples(oracle(6, 4, 3), b, hops.chain_layout(b, s), k=4, prune=1e-9)
+    uncertain = np.flatnonzero(b["final_posterior"].max(-1) < 1)
+    assert list(ex["rows"]) == list(uncertain[:4]) and np.all(ex["posterior"].max(-1) < 1)
+    np.testing.assert_allclose(ex["p_free"], ex["posterior"], atol=1e-9)
+    path = plots.plot_free(ex, "hops", str(tmp_path / "free.png"))
+    assert os.path.getsize(path) > 0

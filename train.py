@@ -162,6 +162,7 @@ def evaluate_run(args, name, params, cfg):
     layout = getattr(tasks.task(args.task), "chain_layout", lambda batch, s: None)(held_out, args.settings)
     if layout is not None:
         metrics["free_run"] = cot.report(predict, held_out, layout)
+        traces["free"] = cot.examples(predict, held_out, layout)         # the companion figure's sequences
     key = getattr(tasks.task(args.task), "VARIANTS", None)
     if key and sets:
         curves = {label: (metrics if batch is None else evaluate(predict, batch)[0]) for label, batch in sets.items()}
@@ -229,6 +230,8 @@ def draw_figures(args, results, traces, fig_dir, run_name):
     main, mod = next(iter(results.values())), tasks.task(args.task)
     if "groups" in main and all("groups" in m and list(m["groups"]) == list(main["groups"]) for m in results.values()):
         paths.append(plots.plot_groups(results, args.task, figure("groups")))
+    if traces is not None and "free" in traces:                      # a chain of thought run free
+        paths.append(plots.plot_free(traces["free"], args.task, figure("free")))
     key = getattr(mod, "VARIANTS", None)
     if key and key + "_curves" in main:
         paths.append(plots.plot_variants(plots.variant_curves(main, key), figure(key),
