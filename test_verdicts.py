@@ -167,6 +167,10 @@ def test_an_uncalibrated_run_is_not_judged_on_any_claim():
     assert all(d["outcome"] != "not judged" for d in judged.values())
     assert all(d["outcome"] == "not judged" for d in vd.judge(geometry(kl=0.2, uniform=2.0)).values())
     assert vd.calibration_gate(geometry(kl=0.199, uniform=2.0))[0]
+    # a task whose every answer is uniform: the uniform guess is exact, nothing is judged, and it says why
+    # (it divided by zero after training, found with a throwaway task)
+    v = vd.judge(geometry(kl=0.01, uniform=0.0))
+    assert all("a uniform guess is exact" in d["verdict"] for d in v.values())
 
 
 # ----------------------------------------------------------------------------

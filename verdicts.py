@@ -474,9 +474,11 @@ def judge(g, claims=None):
     for claim, f in ((c, CLAIMS[c]) for c in claims):
         v = f(g)
         if not judged:
+            share = f"{kl / uniform:.0%} of a uniform guess's {uniform:.3g}" if uniform > 0 else \
+                "where a uniform guess is exact: every answer's posterior is uniform"
             v = {**v, "outcome": "not judged", "decided_by": "the calibration gate",
-                 "verdict": f"not judged: not calibrated (KL {kl:.3g} bits, {kl / uniform:.0%} of a uniform guess's "
-                            f"{uniform:.3g}; the gate asks below {CALIBRATED:.0%})"}
+                 "verdict": f"not judged: not calibrated (KL {kl:.3g} bits, {share}; the gate asks below "
+                            f"{CALIBRATED:.0%} of the uniform guess's)"}
         out[claim] = {**v, "rule": RULES[claim]}
     return out
 
