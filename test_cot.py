@@ -74,7 +74,8 @@ def test_pruning_drops_the_chains_below_it_and_says_how_much():
     p, d = cot.free_run(uniform, b, layout, prune=0.1)
     assert np.all(p == 0) and d[0] == pytest.approx(1.0)
     p, d = cot.free_run(uniform, b, layout, prune=0.05)
-    np.testing.assert_allclose(p, [[.25] * 4]) and d[0] == pytest.approx(0.0)
+    np.testing.assert_allclose(p, [[.25] * 4])
+    assert d[0] == pytest.approx(0.0)
     # a beam of 2: two first hops kept (dropped 1/2), two of their eight children (dropped 6/16): the two
     # chains left end with 1/16 each, spread evenly, p_free 1/8 in all, dropped 7/8
     p, d = cot.free_run(uniform, b, layout, prune=1e-12, beam=2)
