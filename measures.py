@@ -108,26 +108,44 @@ def within_groups(stat, a, b, groups):
     return float(np.mean(vals)) if vals else None
 
 
-def cv_fold_sse(X, y, groups, folds=READOUT_FOLDS, ridge=READOUT_RIDGE):
-    """The held-out ridge readout y ~ X w + c (X's columns standardised on the training rows): rows in folds by
-    group (group g in fold g mod folds), each fold predicted by the fit on the others. -> (sse (F,), sst): each
-    fold's held-out sum of squared residuals, and the sum of squares of y about its mean over all rows; None
-    when y is constant or there are too few groups."""
+def ridge_fit(X, y, ridge=READOUT_RIDGE):
+    """The ridge readout y ~ X w + c, X's columns standardised (a constant column left as it is), the ridge
+    relative to the mean eigenvalue of A^T A. -> predict(Y (m, d)) -> (m,)."""
+    X, y = np.asarray(X, np.float64).reshape(len(y), -1), np.asarray(y, np.float64)
+    mu, ym = X.mean(0), y.mean()
+    sd = np.where(X.std(0) > 0, X.std(0), 1.0)                        # (d,)
+    A = (X - mu) / sd                                                  # (N, d)
+    G = A.T @ A
+    lam = max(ridge * np.trace(G) / max(len(G), 1), 1e-12)
+    w = np.linalg.solve(G + lam * np.eye(len(G)), A.T @ (y - ym))
+    return lambda Y: (np.asarray(Y, np.float64).reshape(-1, X.shape[1]) - mu) / sd @ w + ym
+
+
+def cv_predictions(X, y, groups, folds=READOUT_FOLDS, ridge=READOUT_RIDGE):
+    """The held-out ridge readout (ridge_fit): rows in folds by group (group g in fold g mod folds), each fold
+    predicted by the fit on the others. -> (predictions (N,), fold (N,)); None when y is constant or there
+    are too few groups."""
     X, y = np.asarray(X, np.float64).reshape(len(y), -1), np.asarray(y, np.float64)
     fold = np.asarray(groups) % folds
     if constant(y) or len(np.unique(fold)) < 2:
         return None
-    sse = []
+    pred = np.empty(len(y))
     for f in np.unique(fold):
-        test, train = fold == f, fold != f
-        mu, ym = X[train].mean(0), y[train].mean()
-        sd = np.where(X[train].std(0) > 0, X[train].std(0), 1.0)      # (d,) columns standardised on the fold
-        A = (X[train] - mu) / sd                                        # (N_train, d)
-        G = A.T @ A
-        lam = max(ridge * np.trace(G) / max(len(G), 1), 1e-12)
-        w = np.linalg.solve(G + lam * np.eye(len(G)), A.T @ (y[train] - ym))
-        sse.append(float(((y[test] - ((X[test] - mu) / sd @ w + ym)) ** 2).sum()))
-    return np.array(sse), float(((y - y.mean()) ** 2).sum())
+        test = fold == f
+        pred[test] = ridge_fit(X[~test], y[~test], ridge)(X[test])
+    return pred, fold
+
+
+def cv_fold_sse(X, y, groups, folds=READOUT_FOLDS, ridge=READOUT_RIDGE):
+    """cv_predictions' readout -> (sse (F,), sst): each fold's held-out sum of squared residuals, and the sum
+    of squares of y about its mean over all rows; None when cv_predictions is."""
+    y = np.asarray(y, np.float64)
+    r = cv_predictions(X, y, groups, folds, ridge)
+    if r is None:
+        return None
+    pred, fold = r
+    return (np.array([float(((y[fold == f] - pred[fold == f]) ** 2).sum()) for f in np.unique(fold)]),
+            float(((y - y.mean()) ** 2).sum()))
 
 
 def cv_r_squared(X, y, groups, folds=READOUT_FOLDS, ridge=READOUT_RIDGE):
