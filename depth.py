@@ -56,6 +56,7 @@ import math  # noqa: E402
 
 import matrix  # noqa: E402
 import models  # noqa: E402
+import plots  # noqa: E402
 
 DEPTHS = (1, 2, 3, 4, 6)        # the transformer's depths, one width
 MAX_HOPS = 4                    # h drawn from 1 to this in every cell (the task's default)
@@ -248,7 +249,7 @@ def lines(rows, claims, max_hops):
     out = ["scores 1 - KL/KL(uniform) by hops h (first seed; cot: running free); forward MFLOP to the answer at "
            "h = 1 and the largest h; reach per seed; past it: hallucinated / honest doubt", head, "-" * len(head)]
     for r in rows:
-        name = r["family"] + (f", {r['layers']} layers" if r["layers"] else "")
+        name = plots.row_label(r["family"], r["layers"])
         g = r["groups"][0]
         scores = "".join(f"{group_score(g[h]):>7.3f}" if h in g else f"{'':>7}" for h in hs)
         p = r["past_reach"]
@@ -281,7 +282,6 @@ def main(argv_=None):
         json.dump(dict(max_hops=a.max_hops, good=matrix.GOOD, claims=claims, shares=shares,
                        rows=[{k: v for k, v in r.items()} for r in rows]), f, indent=1)
     print("\n".join(lines(rows, claims, a.max_hops)))
-    import plots
     os.makedirs(a.figures, exist_ok=True)
     print(plots.plot_layers(rows, os.path.join(a.figures, "layers" + ("-quick" if quick else "") + ".png"),
                             a.max_hops, group_score))

@@ -39,6 +39,7 @@ import sys  # noqa: E402
 import time  # noqa: E402
 
 import models  # noqa: E402
+import plots  # noqa: E402
 import tasks  # noqa: E402
 
 GOOD, PARTIAL = 0.95, 0.50          # the marks' thresholds on the score, fixed before the first matrix run
@@ -373,7 +374,7 @@ def learning_curves(results, out, preset, seeds=None, points=60):
         n = len(d) // w * w
         excess = (d["loss_bits"] - d["bayes_loss_bits"])[:n].reshape(-1, w).mean(1)
         seen = d["step"][:n].reshape(-1, w)[:, -1] * m["batch"]
-        label = c["family"] + (f", {c['layers']} layers" if c["layers"] else "")
+        label = plots.row_label(c["family"], c["layers"])
         curves.setdefault(c["task"], {})[label] = (seen.tolist(), excess.tolist())
     return curves
 
@@ -416,7 +417,7 @@ def lines(rows):
     head = f"{'task':<10}{'family':<20}{'params':>9}{'steps':>8}  {'KL (bits), per seed':<24}{'score':<16}{'mark':<14}authors"
     out = [head, "-" * len(head)]
     for r in rows:
-        fam = r["family"] + (f", {r['layers']} layers" if r["layers"] else "")
+        fam = plots.row_label(r["family"], r["layers"])
         if "sits_out" in r or "failed" in r:
             out.append(f"{r['task']:<10}{fam:<20}  {r['verdict']}: {r.get('sits_out') or r.get('failed')}")
             continue
@@ -448,7 +449,6 @@ def main(argv_=None):
         with open(os.path.join(out, f"sweep-{a.sweep}.json"), "w") as f:
             json.dump(dict(sweep=a.sweep, flat=FLAT, rows=rows), f, indent=1)
         print("\n".join(sweep_lines(rows)))
-        import plots
         os.makedirs(a.figures, exist_ok=True)
         print(plots.plot_sweep(rows, os.path.join(a.figures, f"recall-{a.sweep}.png"), a.sweep))
         return
@@ -466,10 +466,10 @@ def main(argv_=None):
         json.dump(dict(preset=a.preset, thresholds=dict(good=GOOD, partial=PARTIAL, shortcut_margin=SHORTCUT_MARGIN),
                        floors=floors, primitive=PRIMITIVE, rows=rows), f, indent=1)
     print("\n".join(lines(rows)))
-    import plots
     os.makedirs(a.figures, exist_ok=True)
     path = plots.plot_primitives(rows, os.path.join(a.figures, "primitives" + ("-quick" if a.preset == "quick" else "")
-                                                    + ".png"), GOOD, PARTIAL, PRIMITIVE, floors)
+                                                    + ".png"), GOOD, PARTIAL, PRIMITIVE, floors,
+                                 {t: transformer_size(t, a.preset)[2] for t in PRIMITIVE})
     curves = plots.plot_learning_curves(learning_curves(results, out, a.preset, a.seeds),
                                         path.replace(".png", "-curves.png"))
     print(f"{os.path.join(out, 'matrix.json')}; figures {path}, {curves}")

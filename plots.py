@@ -137,11 +137,17 @@ def plot_variants(curves, path, label_format="{}", xlabel="answer index i", titl
     return _save(fig, path)
 
 
-def plot_primitives(rows, path, good, partial, primitive=None, floors=None):
+def row_label(family, layers=None):
+    """A matrix row's name: the family, and a depth row's layers ("transformer, 1 layer")."""
+    return family + (f", {layers} layer{'s' if layers > 1 else ''}" if layers else "")
+
+
+def plot_primitives(rows, path, good, partial, primitive=None, floors=None, depths=None):
     """The measured matrix (matrix.table rows): families (and the transformer's depth rows) down, tasks across,
     each cell coloured by its score (mean over seeds), the scores per seed and the mark printed; the authors'
     hand-drawn mark beside it where their figure has the cell; primitive: {task: what it exercises}; floors:
-    {task: its shortcut's score}, under the task's name."""
+    {task: its shortcut's score}, under the task's name; depths: {task: the transformer row's layers}, said
+    in the depth row's cell that the transformer row already is."""
     plt = _plt()
     task_names = list(dict.fromkeys(r["task"] for r in rows))
     fams = list(dict.fromkeys((r["family"], r["layers"]) for r in rows))
@@ -154,11 +160,15 @@ def plot_primitives(rows, path, good, partial, primitive=None, floors=None):
         ax.text(j, i, " / ".join(f"{np.floor(s * 100) / 100:.2f}" for s in r["score"]) + f"  {r['verdict']}{authors}",
                 ha="center",
                 va="center", fontsize=7)
+    for j, t in enumerate(task_names):
+        if depths and ("transformer", depths.get(t)) in fams:
+            ax.text(j, fams.index(("transformer", depths[t])), "the transformer row\n(its preset's depth)",
+                    ha="center", va="center", fontsize=7, color="gray")
     im = ax.imshow(np.clip(grid, 0, 1), cmap="RdYlGn", vmin=0, vmax=1, aspect="auto")
     floor = lambda t: "" if not floors or floors.get(t) is None else f"; shortcut {np.floor(floors[t] * 100) / 100:.2f}"
     ax.set_xticks(range(len(task_names)), [t + (f"\n({primitive[t]}{floor(t)})" if primitive and t in primitive else "")
                                            for t in task_names])
-    ax.set_yticks(range(len(fams)), [f + (f", {L} layers" if L else "") for f, L in fams])
+    ax.set_yticks(range(len(fams)), [row_label(f, L) for f, L in fams])
     fig.colorbar(im, ax=ax, label="score: 1 - KL(model) / KL(uniform)")
     ax.set_title(f"the primitives, measured (per seed; mark: {good:g} and above, ~ from {partial:g}, "
                  f"below it a cross)", fontsize=9)
@@ -195,15 +205,18 @@ def plot_learning_curves(curves, path):
     posterior's) against the sequences it has seen, log scales: how fast each family learns, not only where
     it ends."""
     plt = _plt()
-    fig, axes = plt.subplots(1, max(1, len(curves)), figsize=(3.6 * max(1, len(curves)), 3.4), squeeze=False)
+    fig, axes = plt.subplots(1, max(1, len(curves)), figsize=(3.6 * max(1, len(curves)) + 1.6, 3.4), squeeze=False)
+    labels = list(dict.fromkeys(label for fams in curves.values() for label in fams))    # one colour a row, every panel
     for ax, (task, fams) in zip(axes[0], curves.items()):
-        for c, (label, (seen, kl)) in enumerate(fams.items()):
-            ax.loglog(seen, np.maximum(kl, 1e-4), "-", color=f"C{c}", lw=1.2, label=label)
+        for label, (seen, kl) in fams.items():
+            ax.loglog(seen, np.maximum(kl, 1e-4), "-", color=f"C{labels.index(label) % 10}", lw=1.2, label=label)
         ax.set_title(task, fontsize=9)
         ax.set_xlabel("sequences seen")
         ax.grid(alpha=0.3, which="major")
     axes[0][0].set_ylabel("training loss above exact Bayes (bits):\nthe KL, estimated on each batch")
-    axes[0][-1].legend(frameon=False, fontsize=6, loc="lower left")
+    handles = {h.get_label(): h for ax in axes[0] for h in ax.get_lines()}
+    axes[0][-1].legend([handles[k] for k in labels], labels, frameon=False, fontsize=7, loc="upper left",
+                       bbox_to_anchor=(1.02, 1))
     fig.tight_layout()
     return _save(fig, path)
 
