@@ -10,37 +10,52 @@ token. This module measures the final-layer representation (the final LayerNorm'
 unembedding reads) of both, on the same held-out sequences (one generator: the direct and the chain
 format of a sequence share its pairs, x and h).
 
-DEFINITIONS, fixed here before the first run they judge (tests exercise every branch of the rule):
+DEFINITIONS, fixed here before the first run they judge (tests exercise every branch of the rule).
+Amended after a referee's read and a development check on two probe runs (runs/hops/probe-default-*),
+before any depth.py run: the first version measured the two models against scales taken over different
+kinds of rows, compared the chain with random initialisations (which measure the position embedding),
+shuffled chains partly left true, and took its margin from no measured noise.
   X            the final-layer representation at an answer row
-  scale S      the median distance ||X_b - X_b'|| between the answer rows of the same answer index in two
-               neighbouring held-out sequences (b' = b + 1): a random jump in the model's own answer space
-  step         chain of thought, h >= 2: ||X at hop j - X at hop j - 1||, j = 2 .. h, teacher-forced (the
-               true hops written); its ratio is the median step / S
-  jump         direct, h >= 2: ||X at the answer - X at the answer of the same sequence with its query
-               asking one hop (only the hop-count token changed)||: how far the one pass moves to carry the
-               answer h - 1 hops further; its ratio is the median jump / S
+  scale S      the median distance ||X_b - X_b'|| between the answers of the same index in neighbouring
+               held-out sequences (b' = b + 1) where both are confident and predict different symbols: how
+               far apart two confident answers lie (the same kind of rows in both models: a confident
+               state is a class's; an unsure one sits nearer the centre)
+  step         chain of thought: ||X at hop j - X at hop j - 1||, j = 2 .. h, teacher-forced (the true hops
+               written); its ratio is the median step / S
+  jump         direct: ||X at the answer - X at the answer of the same sequence with its query asking one
+               hop (only the hop-count token changed)||, over the h >= 2 the direct run fails (its score below
+               matrix.GOOD in metrics.json): how far the answer's state lies from where one hop puts it; its
+               ratio is the median jump / S (also per h)
+  controls     baseline: ||X at hop j of sequence b - X at hop j - 1 of sequence b + 1||, two states at
+               neighbouring positions of unrelated sequences (what a step would be with no relation between
+               its ends); shuffled: the same model with every written hop taken from another sequence's
+               chain (the next with as many hops), its steps j >= 3 (both ends read a shuffled hop) against
+               the true chain's j >= 3: whether a step follows the chain or any two lookups; random
+               initialisations of the chain's config (RANDOM_INITS): reported, not judged (at
+               initialisation a step mostly measures the position embedding)
+  margin       of each comparison: max(MARGIN, 2 x the sd of the difference over BOOTSTRAP resamples of
+               the sequences, paired: both sides from the same resampled sequences)
   readout      the entropy readout of the geometry probes: a ridge readout of the exact posterior's entropy
-               from X, cross-validated by sequence (measures.cv_predictions); reported as its held-out R^2 and
-               as the median change of the readout per step (chain) or per jump (direct), in bits
+               from X, cross-validated by sequence, each fold's fit also applied to the one-hop twins of its
+               sequences; reported as its held-out R^2 and as the median change of the readout per step
+               (chain) or per jump (direct), in bits
   confident    the model puts more than evaluation.CONFIDENT of its mass on one answer; its share is taken
                over the answers whose exact posterior is one-hot (where confidence is right): the chain's
-               hops 2 .. h, the direct model's answers of h >= 2
-  controls     the step ratio of the same chain-of-thought model on shuffled chains (each row's written hops
-               taken from the next row's chain: consecutive positions that are not consecutive hops), and
-               on random initialisations of its config (RANDOM_INITS, the true chains)
-  margin       max(MARGIN, 2 x the sd of the random initialisations' step ratios): the noise a ratio must
-               clear
-The rule, per seed (a direct run and a chain-of-thought run of the same depth and seed):
-  short        the step ratio is below the direct jump ratio, the shuffled chains' and every random
-               initialisation's, each by the margin
+               hops 2 .. h, the direct model's answers of the h it fails
+The rule, per seed (a direct run and a chain-of-thought run of the same depth and seed, on the same
+held-out sequences; the seeds replicate the training, not the sequences):
+  short        the step ratio is below the jump ratio and the baseline's, and (where chains of three hops
+               or more exist) the steps j >= 3 below the shuffled chains', each by its margin
   confident    the chain's confident share is at least CONFIDENT_SHARE and the direct model's is below it by
                CONFIDENT_GAP
   supported    short and confident in every seed (two seeds at least); not supported: in every seed, not
                short or not confident; undecided: the seeds disagree, fewer than two seeds, or the direct
-               model answers every h >= 2 (score >= matrix.GOOD at each: it has not run out of layers, so
-               there is no jump it fails to make at this depth)
-What it cannot show: that the representation moves "along" the entropy axis rather than across it (the
-readout's change per step is reported, not judged), nor anything about depths other than the one judged.
+               model fails no h at this depth (it has not run out of layers)
+What it cannot show: a path through the layers (it reads the last layer only; a jump compares two
+queries' final states, not one pass's movement), and anything about depths other than the one judged.
+At the last layer a state mostly says which answer it predicts (in the probe runs, two confident chain
+states predicting the same symbol lay 0.2 S apart, different symbols 1.0 S), so a confident chain's
+steps, each a change of answer, are expected near S.
 """
 
 import os
@@ -58,16 +73,17 @@ import matrix  # noqa: E402
 import measures as ms  # noqa: E402
 import models  # noqa: E402
 import windtunnels as wt  # noqa: E402
-from checkpoints import load_checkpoint  # noqa: E402
+from checkpoints import load_checkpoint, write_json  # noqa: E402
 from evaluation import CONFIDENT  # noqa: E402
 from layers import softmax  # noqa: E402
 from manifold import probe_batch, probe_settings  # noqa: E402
 
-MARGIN = 0.05            # a ratio must clear its comparison by at least this (and 2 sd of the random inits)
+MARGIN = 0.05            # a ratio must clear its comparison by at least this, and by 2 bootstrap sd
+BOOTSTRAP = 200          # resamples of the sequences for a difference's sd
 CONFIDENT_SHARE = 0.9    # a chain is confident when this share of its one-hot hops is
-CONFIDENT_GAP = 0.2      # and the direct model's share at its one-hot answers of h >= 2 is lower by this
+CONFIDENT_GAP = 0.2      # and the direct model's share at its one-hot answers of the h it fails is lower by this
 RANDOM_INITS = (101, 102, 103)
-LAYERS = 4               # the depth judged: the hops preset's (its direct model runs out at h = 2)
+LAYERS = 4               # the depth judged: the hops preset's (its direct model ran out at h = 2 in the probe)
 SUPPORTED, NOT_SUPPORTED, UNDECIDED = "supported", "not supported", "undecided"
 
 
@@ -81,53 +97,58 @@ def final_states(family, params, cfg, tokens, batch=256):
     return np.concatenate(xs), np.concatenate(qs)
 
 
-def scale(X, rows):
-    """X (n, T, C), rows (n, T) bool: each row's answers. -> the median distance between the answer of index i
-    of sequence b and that of sequence b + 1 (where both have one)."""
+def scale(X, q, rows):
+    """X (n, T, C), q (n, T, K), rows (n, T) bool: each row's answers. -> the median distance between the
+    answer of index i of sequence b and that of sequence b + 1 where both are confident (max q > CONFIDENT)
+    and predict different symbols; None where no pair is."""
     out = []
     for b in range(len(X) - 1):
         a, a2 = np.flatnonzero(rows[b]), np.flatnonzero(rows[b + 1])
         k = min(len(a), len(a2))
-        out.append(np.linalg.norm(X[b, a[:k]] - X[b + 1, a2[:k]], axis=-1))
-    return float(np.median(np.concatenate(out)))
+        a, a2 = a[:k], a2[:k]
+        keep = ((q[b, a].max(-1) > CONFIDENT) & (q[b + 1, a2].max(-1) > CONFIDENT)
+                & (q[b, a].argmax(-1) != q[b + 1, a2].argmax(-1)))
+        out.append(np.linalg.norm(X[b, a[keep]] - X[b + 1, a2[keep]], axis=-1))
+    d = np.concatenate(out) if out else np.zeros(0)
+    return float(np.median(d)) if len(d) else None
 
 
-def chain_steps(X, first, h):
+def chain_steps(X, first, h, j_min=2):
     """X (n, T, C), first (n,) where hop 1 is predicted, h (n,) -> (steps (S,), row of each (S,), hop j of each
-    (S,)): ||X[first + j - 1] - X[first + j - 2]|| for j = 2 .. h."""
-    b = np.concatenate([np.full(k - 1, i) for i, k in enumerate(h)]).astype(np.int64)
-    j = np.concatenate([np.arange(2, k + 1) for k in h]).astype(np.int64)
+    (S,)): ||X[first + j - 1] - X[first + j - 2]|| for j = j_min .. h."""
+    b = np.concatenate([np.full(max(k - j_min + 1, 0), i) for i, k in enumerate(h)]).astype(np.int64)
+    j = np.concatenate([np.arange(j_min, k + 1) for k in h]).astype(np.int64)
     t = first[b] + j - 1
     return np.linalg.norm(X[b, t] - X[b, t - 1], axis=-1), b, j
 
 
-def readout(X, rows, post):
-    """The entropy readout at the answer rows: X (n, T, C), rows (n, T) bool, post (n, T, K) -> (predictions
-    (n, T), NaN off the answers; held-out R^2 or None)."""
-    b, t = np.nonzero(rows)
-    H = wt.entropy_bits(post[b, t])
-    r = ms.cv_predictions(X[b, t], H, b)
-    out = np.full(rows.shape, np.nan)
-    if r is None:
-        return out, None
-    out[b, t] = r[0]
-    return out, 1.0 - float(((H - r[0]) ** 2).sum()) / float(((H - H.mean()) ** 2).sum())
+def baseline_pairs(X, first, h):
+    """The steps' baseline: ||X[b, first + j - 1] - X[b + 1, first + j - 2]|| for j = 2 .. h where sequence b + 1
+    has hop j - 1 (two neighbouring answer positions of unrelated sequences). -> (distances, row b of each)."""
+    _, b, j = chain_steps(X, first, h)
+    keep = (b + 1 < len(X)) & (h[np.minimum(b + 1, len(X) - 1)] >= j - 1)
+    b, j = b[keep], j[keep]
+    return np.linalg.norm(X[b, first[b] + j - 1] - X[b + 1, first[b + 1] + j - 2], axis=-1), b
 
 
-def confident_share(q, post):
-    """q, post (N, K): over the rows whose posterior is one-hot, the share where q puts more than CONFIDENT on
-    one answer (None: no such row)."""
-    one = post.max(-1) >= 1.0 - 1e-9
-    return float((q[one].max(-1) > CONFIDENT).mean()) if one.any() else None
+def donors(h):
+    """-> (n,) for each row the next row (cyclically) with at least as many hops (itself if none is)."""
+    n = len(h)
+    out = np.arange(n)
+    for b in range(n):
+        for k in range(1, n):
+            if h[(b + k) % n] >= h[b]:
+                out[b] = (b + k) % n
+                break
+    return out
 
 
 def shuffled(tokens, first, h):
-    """The chains' written hops (positions first + 1 .. first + h - 1) taken from the next row's chain."""
-    out = tokens.copy()
-    nxt = np.roll(np.arange(len(tokens)), -1)
+    """The chains' written hops (positions first + 1 .. first + h - 1), every one taken from a donor's chain."""
+    out, d = tokens.copy(), donors(h)
     for b in range(len(tokens)):
-        k = min(h[b], h[nxt[b]]) - 1
-        out[b, first[b] + 1:first[b] + 1 + k] = tokens[nxt[b], first[nxt[b]] + 1:first[nxt[b]] + 1 + k]
+        k = h[b] - 1
+        out[b, first[b] + 1:first[b] + 1 + k] = tokens[d[b], first[d[b]] + 1:first[d[b]] + 1 + k]
     return out
 
 
@@ -138,76 +159,133 @@ def one_hop_query(tokens, s):
     return out
 
 
-def measure(direct_path, cot_path, n=500, seed=0):
-    """One seed's statistics (DEFINITIONS) from a direct and a chain-of-thought checkpoint of the hops task."""
+def median_ratio(d, S):
+    return None if S is None or not len(d) else float(np.median(d)) / S
+
+
+def diff_sd(a, sa, b, sb, n, B=BOOTSTRAP, seed=0):
+    """The sd of median(a) - median(b) over B resamples of the n sequences (a's items belong to sequences sa,
+    b's to sb; both sides from the same resample), each side already divided by its scale."""
+    rng = np.random.default_rng(seed)
+    ia = [np.flatnonzero(sa == i) for i in range(n)]
+    ib = [np.flatnonzero(sb == i) for i in range(n)]
+    out = []
+    for _ in range(B):
+        pick = rng.integers(0, n, n)
+        xa, xb = np.concatenate([ia[i] for i in pick]), np.concatenate([ib[i] for i in pick])
+        if len(xa) and len(xb):
+            out.append(np.median(a[xa]) - np.median(b[xb]))
+    return float(np.std(out, ddof=1)) if len(out) > 1 else 0.0
+
+
+def readout(X, rows, post, twins=None):
+    """The entropy readout at the answer rows, cross-validated by sequence: X (n, T, C), rows (n, T) bool, post
+    (n, T, K); twins (n, C) or None: other states of each sequence, predicted by its fold's fit. -> (predictions
+    (n, T), NaN off the answers; of the twins (n,) or None; held-out R^2 or None)."""
+    b, t = np.nonzero(rows)
+    H = wt.entropy_bits(post[b, t])
+    out, tw = np.full(rows.shape, np.nan), None if twins is None else np.full(len(X), np.nan)
+    if ms.constant(H):
+        return out, tw, None
+    fold = b % ms.READOUT_FOLDS
+    for f in np.unique(fold):
+        fit = ms.ridge_fit(X[b[fold != f], t[fold != f]], H[fold != f])
+        out[b[fold == f], t[fold == f]] = fit(X[b[fold == f], t[fold == f]])
+        if twins is not None:
+            mine = np.flatnonzero(np.arange(len(X)) % ms.READOUT_FOLDS == f)
+            tw[mine] = fit(twins[mine])
+    pred = out[b, t]
+    return out, tw, 1.0 - float(((H - pred) ** 2).sum()) / float(((H - H.mean()) ** 2).sum())
+
+
+def confident_share(q, post):
+    """q, post (N, K): over the rows whose posterior is one-hot, the share where q puts more than CONFIDENT on
+    one answer (None: no such row)."""
+    one = post.max(-1) >= 1.0 - 1e-9
+    return float((q[one].max(-1) > CONFIDENT).mean()) if one.any() else None
+
+
+def measure(direct_path, cot_path, fails, n=500, seed=0):
+    """One seed's statistics (DEFINITIONS) from a direct and a chain-of-thought checkpoint of the hops task;
+    fails: the h >= 2 the direct run fails (direct_fails)."""
     (pd, cd, md, _), (pc, cc, mc, _) = load_checkpoint(direct_path), load_checkpoint(cot_path)
-    sd, sc = probe_settings("hops", cd, md), probe_settings("hops", cc, mc)
-    if md.get("task") != "hops" or mc.get("task") != "hops" or sd["cot"] or not sc["cot"]:
+    if md.get("task") != "hops" or mc.get("task") != "hops":
         raise ValueError(f"chainsteps needs a direct and a chain-of-thought run of the hops task: {direct_path!r} "
                          f"and {cot_path!r} are not")
+    sd, sc = probe_settings("hops", cd, md), probe_settings("hops", cc, mc)
+    if sd["cot"] or not sc["cot"]:
+        raise ValueError(f"chainsteps needs a direct and a chain-of-thought run of the hops task: {direct_path!r} "
+                         f"and {cot_path!r} are not")
+    differ = [k for k in ("n_symbols", "hidden", "max_hops") if sd[k] != sc[k]]
+    if differ:
+        raise ValueError(f"the two runs differ in {differ[0]} ({sd[differ[0]]} and {sc[differ[0]]}): chainsteps "
+                         f"compares them on the same sequences")
     bd, bc = probe_batch("hops", cd, n, seed, sd), probe_batch("hops", cc, n, seed, sc)
     first, h = hops.chain_layout(bc, sc)
-    hd = h.copy()                                                      # the direct rows' h: the same sequences
+    if h.max() < 2:
+        raise ValueError("no held-out chain has two hops: nothing to measure (more --seqs, or a run of max_hops >= 2)")
     # -- the chain of thought
     Xc, qc = final_states(mc["model"], pc, cc, bc["tokens"])
     rows_c = bc["mask"] > 0
+    Sc = scale(Xc, qc, rows_c)
     steps, b, j = chain_steps(Xc, first, h)
-    Sc = scale(Xc, rows_c)
-    ec, r2c = readout(Xc, rows_c, bc["posterior"])
+    base, bb = baseline_pairs(Xc, first, h)
+    ec, _, r2c = readout(Xc, rows_c, bc["posterior"])
     t = first[b] + j - 1
-    cot = dict(scale=Sc, step_ratio=float(np.median(steps)) / Sc, steps=len(steps), readout_r2=r2c,
-               readout_step_bits=float(np.median(np.abs(ec[b, t] - ec[b, t - 1]))),
-               confident=confident_share(qc[b, t], bc["posterior"][b, t]))
-    Xs, _ = final_states(mc["model"], pc, cc, shuffled(bc["tokens"], first, h))
-    cot["shuffled_step_ratio"] = float(np.median(chain_steps(Xs, first, h)[0])) / scale(Xs, rows_c)
+    Sc_ = Sc or np.nan
+    cot = dict(scale=Sc, step_ratio=median_ratio(steps, Sc), steps=len(steps), baseline_ratio=median_ratio(base, Sc),
+               readout_r2=r2c, readout_step_bits=float(np.median(np.abs(ec[b, t] - ec[b, t - 1]))),
+               confident=confident_share(qc[b, t], bc["posterior"][b, t]),
+               margin_baseline=max(MARGIN, 2 * diff_sd(steps / Sc_, b, base / Sc_, bb, n)))
+    if h.max() >= 3:                                                    # steps with both ends shuffled
+        Xs, qs = final_states(mc["model"], pc, cc, shuffled(bc["tokens"], first, h))
+        Ss = scale(Xs, qs, rows_c) or np.nan
+        s3, b3, _ = chain_steps(Xc, first, h, 3)
+        x3, _, _ = chain_steps(Xs, first, h, 3)
+        cot.update(step_ratio_j3=median_ratio(s3, Sc), shuffled_ratio_j3=median_ratio(x3, Ss), steps_j3=len(s3),
+                   margin_shuffled=max(MARGIN, 2 * diff_sd(s3 / Sc_, b3, x3 / Ss, b3, n)))
     inits = []
     for s_ in RANDOM_INITS:
         Xr, _ = final_states(mc["model"], models.init_params(mc["model"], cc, s_), cc, bc["tokens"])
-        inits.append(float(np.median(chain_steps(Xr, first, h)[0])) / scale(Xr, rows_c))
-    cot["random_init_step_ratios"] = inits
-    # -- the direct model, its answers and their one-hop twins
+        inits.append(float(np.median(chain_steps(Xr, first, h)[0]) / np.median(np.linalg.norm(
+            Xr[:-1, first[0]] - Xr[1:, first[0]], axis=-1))))
+    cot["random_init_step_ratios"] = inits     # reported only: a step over the distance of two sequences' hop 1
+    # -- the direct model at the h it fails, and the one-hop twins of those answers
     Xd, qd = final_states(md["model"], pd, cd, bd["tokens"])
     X1, _ = final_states(md["model"], pd, cd, one_hop_query(bd["tokens"], sd))
     a = (bd["mask"] > 0).argmax(1)                                    # (n,) the answer position
     rows_d = bd["mask"] > 0
-    Sd = scale(Xd, rows_d)
-    far = np.flatnonzero(hd >= 2)
-    ed, r2d = readout(Xd, rows_d, bd["posterior"])
-    e1 = np.full(len(a), np.nan)                                       # the readout (fit on the direct rows) of
-    e1[far] = readout_apply(Xd, rows_d, bd["posterior"], X1[far, a[far]])   # the one-hop twin
+    Sd = scale(Xd, qd, rows_d)
+    far = np.flatnonzero(np.isin(h, list(fails)) & (h >= 2))
+    ed, e1, r2d = readout(Xd, rows_d, bd["posterior"], X1[np.arange(n), a])
     jumps = np.linalg.norm(Xd[far, a[far]] - X1[far, a[far]], axis=-1)
-    direct = dict(scale=Sd, jump_ratio=float(np.median(jumps)) / Sd, jumps=len(far), readout_r2=r2d,
-                  readout_jump_bits=float(np.median(np.abs(ed[far, a[far]] - e1[far]))),
-                  confident=confident_share(qd[far, a[far]], bd["posterior"][far, a[far]]))
+    Sd_ = Sd or np.nan
+    direct = dict(scale=Sd, fails=sorted(int(k) for k in fails), jumps=len(far), jump_ratio=median_ratio(jumps, Sd),
+                  jump_ratio_by_h={int(k): median_ratio(jumps[h[far] == k], Sd) for k in sorted(fails)},
+                  readout_r2=r2d, readout_jump_bits=float(np.median(np.abs(ed[far, a[far]] - e1[far]))) if len(far) else None,
+                  confident=confident_share(qd[far, a[far]], bd["posterior"][far, a[far]]) if len(far) else None)
+    if len(far):
+        cot["margin_jump"] = max(MARGIN, 2 * diff_sd(steps / Sc_, b, jumps / Sd_, far, n))
     return dict(direct=direct, cot=cot, sequences=n)
-
-
-def readout_apply(X, rows, post, Y):
-    """The entropy readout fit on all the answer rows of X, applied to other states Y (m, C) -> (m,)."""
-    b, t = np.nonzero(rows)
-    return ms.ridge_fit(X[b, t], wt.entropy_bits(post[b, t]))(Y)
-
-
-def margin(stats):
-    """max(MARGIN, 2 sd of the random initialisations' step ratios)."""
-    return max(MARGIN, 2 * ms.seed_sd(stats["cot"]["random_init_step_ratios"]))
 
 
 def judge_seed(stats):
     """-> (short, confident) for one seed's statistics."""
-    c, d, m = stats["cot"], stats["direct"], margin(stats)
-    others = [d["jump_ratio"], c["shuffled_step_ratio"], *c["random_init_step_ratios"]]
-    short = all(c["step_ratio"] < o - m for o in others)
+    c, d = stats["cot"], stats["direct"]
+    below = lambda x, y, m: None not in (x, y) and x < y - m
+    short = (below(c["step_ratio"], d["jump_ratio"], c.get("margin_jump", MARGIN))
+             and below(c["step_ratio"], c["baseline_ratio"], c["margin_baseline"])
+             and ("shuffled_ratio_j3" not in c or below(c["step_ratio_j3"], c["shuffled_ratio_j3"], c["margin_shuffled"])))
     confident = (c["confident"] is not None and d["confident"] is not None and c["confident"] >= CONFIDENT_SHARE
                  and d["confident"] <= c["confident"] - CONFIDENT_GAP)
     return short, confident
 
 
 def verdict(per_seed, runs_out=True):
-    """per_seed: [stats] one per seed; runs_out: the direct model fails some h >= 2 at this depth. -> (verdict,
-    why)."""
+    """per_seed: [stats] one per seed; runs_out: the direct model fails some h at this depth in every seed.
+    -> (verdict, why)."""
     if not runs_out:
-        return UNDECIDED, "the direct model answers every h at this depth: it has not run out of layers"
+        return UNDECIDED, "the direct model fails no h at this depth: it has not run out of layers"
     if len(per_seed) < 2:
         return UNDECIDED, f"{len(per_seed)} seed(s): the rule asks for two at least"
     judged = [judge_seed(s) for s in per_seed]
@@ -220,11 +298,15 @@ def verdict(per_seed, runs_out=True):
     return UNDECIDED, "the seeds disagree"
 
 
-def direct_runs_out(metrics):
-    """From a direct run's metrics.json: some h >= 2 scores below matrix.GOOD."""
+def direct_fails(metrics):
+    """From a direct run's metrics.json: the h >= 2 whose score is below matrix.GOOD (depth.group_score)."""
     import depth
     g = depth.answer_groups(metrics, False)
-    return any(depth.group_score(g[h]) < matrix.GOOD for h in g if h >= 2)
+    return [h for h in sorted(g) if h >= 2 and depth.group_score(g[h]) < matrix.GOOD]
+
+
+def shown(x, f=".3f"):
+    return "n/a" if x is None else format(x, f)
 
 
 def main(argv_=None):
@@ -236,31 +318,35 @@ def main(argv_=None):
     a = p.parse_args(argv_)
     if a.seqs < 4:
         p.error(f"--seqs {a.seqs}: allowed are 4 or more")
-    per_seed, out, falls_short = [], {}, []
+    per_seed, out, runs_out = [], {}, []
     for s in a.seeds:
         run = lambda mode: os.path.join(a.runs, f"hops-transformer-L{a.layers}-{mode}-s{s}")
         paths = [os.path.join(run(m), "checkpoint.npz") for m in ("direct", "cot")]
-        missing = [q for q in paths if not os.path.exists(q)]
+        missing = [q for q in paths + [os.path.join(run("direct"), "metrics.json")] if not os.path.exists(q)]
         if missing:
             print(f"seed {s}: {missing[0]} is missing (run python depth.py first); left out")
             continue
-        stats = measure(*paths, n=a.seqs)
         with open(os.path.join(run("direct"), "metrics.json")) as f:
-            falls_short.append(direct_runs_out(json.load(f)))
+            fails = direct_fails(json.load(f))
+        runs_out.append(bool(fails))
+        if not fails:
+            print(f"seed {s}: the direct run fails no h at {a.layers} layers")
+            continue
+        stats = measure(*paths, fails, n=a.seqs)
         per_seed.append(stats)
         out[f"seed {s}"] = stats
         c, d = stats["cot"], stats["direct"]
-        print(f"seed {s}: chain step {c['step_ratio']:.3f} S (shuffled {c['shuffled_step_ratio']:.3f}, random init "
-              f"{', '.join(f'{r:.3f}' for r in c['random_init_step_ratios'])}); direct jump {d['jump_ratio']:.3f} S; "
-              f"confident {c['confident']:.3f} chain, {d['confident']:.3f} direct; readout R^2 "
-              f"{c['readout_r2'] or float('nan'):.3f} / {d['readout_r2'] or float('nan'):.3f}, change per step "
-              f"{c['readout_step_bits']:.3f} bits, per jump {d['readout_jump_bits']:.3f}")
-    v, why = verdict(per_seed, runs_out=all(falls_short) if falls_short else True)
+        print(f"seed {s}: chain step {shown(c['step_ratio'])} S (baseline {shown(c['baseline_ratio'])}; j >= 3: "
+              f"{shown(c.get('step_ratio_j3'))}, shuffled {shown(c.get('shuffled_ratio_j3'))}; random init "
+              f"{', '.join(shown(r) for r in c['random_init_step_ratios'])}); direct jump {shown(d['jump_ratio'])} S "
+              f"at h = {d['fails']}; confident {shown(c['confident'])} chain, {shown(d['confident'])} direct; readout "
+              f"R^2 {shown(c['readout_r2'])} / {shown(d['readout_r2'])}, change per step {shown(c['readout_step_bits'])} "
+              f"bits, per jump {shown(d['readout_jump_bits'])}")
+    v, why = verdict(per_seed, runs_out=all(runs_out) if runs_out else True)
     print(f"claim: short, confident steps ({a.layers} layers): {v} ({why})")
-    out.update(verdict=v, why=why, layers=a.layers, margin=MARGIN, confident_share=CONFIDENT_SHARE,
-               confident_gap=CONFIDENT_GAP)
-    with open(os.path.join(a.runs, f"chainsteps-L{a.layers}.json"), "w") as f:
-        json.dump(out, f, indent=1)
+    out.update(verdict=v, why=why, layers=a.layers, margin_floor=MARGIN, bootstrap=BOOTSTRAP,
+               confident_share=CONFIDENT_SHARE, confident_gap=CONFIDENT_GAP)
+    write_json(os.path.join(a.runs, f"chainsteps-L{a.layers}.json"), out)
 
 
 if __name__ == "__main__":
