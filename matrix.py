@@ -19,11 +19,12 @@ seed, no depth rows.
 The score reads the same on every task: the fraction of the prior's gap closed, 1 - KL(model) / KL(a uniform
 predictor), both on the cell's held-out answers (metrics kl_bits and prior_kl_bits). The marks are fixed here,
 before any matrix run: a check at a score of at least GOOD, ~ from PARTIAL up, a cross below; and a check or
-a ~ only above the task's shortcut, the best predictor without its primitive (tasks.shortcut: the HMM's
-current observation weighed by the chain's stationary distribution scores about 0.91 without any filtering;
-recall's stored values without their keys about 0.45), by SHORTCUT_MARGIN. A cell whose seeds get different
-marks is marked split (with three seeds, a majority decides). Where a cell's mark disagrees with the
-authors' figure, --confirm trains a third seed and a run of 4x the steps before the verdict is written.
+a ~ only above the task's shortcut, a predictor without its primitive (tasks.shortcut: the HMM's current
+observation weighed by the chain's marginal at its time scores about 0.925 without carrying anything from one
+observation to the next; recall's stored values without their keys about 0.44), by SHORTCUT_MARGIN. A cell
+whose seeds get different marks is marked split (with three seeds, a majority decides). Where a cell's mark
+disagrees with the authors' figure or is split, --confirm trains a third seed and a run of 4x the steps
+before the verdict is written; the 4x run reads the budget apart from the verdict (X4_RULE).
 """
 
 import os
@@ -103,12 +104,19 @@ def floor_score(task, preset):
     return None if q is None else score(evaluate(lambda tokens: q, batch)[0])
 
 
+def cell_mark(cell_verdict):
+    """A verdict's mark: its own (unanimous) or its majority's ("~ (~/✗/~)" -> "~"); None for a split."""
+    return None if cell_verdict.startswith("split") else cell_verdict[0]
+
+
 def against_authors(family, task, cell_verdict):
-    """-> "agrees", "disagrees" or None (the authors' figure has no such cell)."""
+    """-> "agrees", "disagrees", "split" (the seeds get different marks and no majority: neither), or None (the
+    authors' figure has no such cell)."""
     claim = AUTHORS.get(family, {}).get(PRIMITIVE[task])
     if claim is None:
         return None
-    return "agrees" if cell_verdict == claim else "disagrees"
+    m = cell_mark(cell_verdict)
+    return "split" if m is None else "agrees" if m == claim else "disagrees"
 
 
 # ----------------------------------------------------------------------------
@@ -308,13 +316,29 @@ def shown(s):
     return f"{math.floor(s * 1000) / 1000:.3f}"
 
 
+X4_RULE = """The run of 4x the steps (--confirm; seed 0), written before any 4x run finished: it does not change
+the verdict, which is the matched budget's (the seeds' marks). It answers whether the budget was the limit:
+"budget-limited" where its mark is better than the verdict's mark (or than every seed's, for a split), "not
+the budget" where it is the same or worse, and its agreement with the authors is reported apart
+(agreement_4x)."""
+
+
+def budget_reading(cell_verdict, mark_4x):
+    """X4_RULE: the verdict (the seeds') and the 4x run's mark -> "budget-limited" or "not the budget"."""
+    rank = {m: i for i, m in enumerate(MARKS)}                     # ✓ 0, ~ 1, ✗ 2: lower is better
+    m = cell_mark(cell_verdict)
+    seeds = [x for x in MARKS if x in cell_verdict[cell_verdict.find("("):]] if m is None else [m]
+    return "budget-limited" if all(rank[mark_4x] < rank[x] for x in seeds) else "not the budget"
+
+
 def followups(rows, preset, seeds=None):
     """The cells a disagreement with the authors' figure asks for before its verdict is written: a third seed
-    and one run of 4x the task's steps (seed 0), for each row whose verdict disagrees (--confirm)."""
+    and one run of 4x the task's steps (seed 0; X4_RULE), for each row whose verdict disagrees or is split
+    (--confirm)."""
     seeds = PRESETS[preset]["seeds"] if seeds is None else seeds
     out = []
     for r in rows:
-        if r.get("agreement") != "disagrees":
+        if r.get("agreement") not in ("disagrees", "split"):
             continue
         base = dict(task=r["task"], family=r["family"], layers=None)
         third = max(seeds) + 1
@@ -336,7 +360,7 @@ def table(results, preset, seeds=None, extra=(), floors=None):
             continue
         key = (c["task"], c["family"], c["layers"])
         if c.get("x4"):
-            if key in rows and "sits_out" not in m:
+            if key in rows and "sits_out" not in m and "failed" not in m:
                 rows[key].update(score_4x=score(m), kl_4x=m["kl_bits"])
             continue
         if "sits_out" in m or "failed" in m:
@@ -356,6 +380,10 @@ def table(results, preset, seeds=None, extra=(), floors=None):
         r["verdict"] = verdict(r["score"], r["floor"])
         r["authors"] = None if r["layers"] else AUTHORS.get(r["family"], {}).get(PRIMITIVE[r["task"]])
         r["agreement"] = None if r["layers"] else against_authors(r["family"], r["task"], r["verdict"])
+        if "score_4x" in r:                              # the budget's question, apart from the verdict (X4_RULE)
+            r["mark_4x"] = mark(r["score_4x"], r["floor"])
+            r["budget"] = budget_reading(r["verdict"], r["mark_4x"])
+            r["agreement_4x"] = None if r["authors"] is None else "agrees" if r["mark_4x"] == r["authors"] else "disagrees"
     return list(rows.values())
 
 
@@ -421,7 +449,7 @@ def lines(rows):
         if "sits_out" in r or "failed" in r:
             out.append(f"{r['task']:<10}{fam:<20}  {r['verdict']}: {r.get('sits_out') or r.get('failed')}")
             continue
-        x4 = f"; 4x the steps: score {shown(r['score_4x'])}" if "score_4x" in r else ""
+        x4 = (f"; 4x the steps: score {shown(r['score_4x'])} {r['mark_4x']} ({r['budget']})" if "score_4x" in r else "")
         out.append(f"{r['task']:<10}{fam:<20}{r['params']:>9,}{r['steps']:>8}  "
                    f"{' / '.join(f'{k:.3g}' for k in r['kl']):<24}{' / '.join(shown(s) for s in r['score']):<16}"
                    f"{r['verdict']:<14}{'' if r['authors'] is None else r['authors'] + ' (' + r['agreement'] + ')'}{x4}")
