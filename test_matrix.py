@@ -294,6 +294,20 @@ def test_the_shortcuts_by_hand():
     np.testing.assert_allclose(q[0, hmm.HEADER + 2], q[0, hmm.HEADER + 1], atol=1e-12)
 
 
+def test_a_window_as_long_as_the_sequence_is_the_exact_filter_and_a_window_of_one_by_hand():
+    import hmm
+    rng = np.random.default_rng(0)
+    b = hmm.batch(rng, 3, n_obs=6)
+    np.testing.assert_allclose(hmm.window_filter(b, 6)[:, hmm.HEADER:], b["posterior"][:, hmm.HEADER:], atol=1e-9)
+    # k = 1 at t = 2: start from the marginal of s_1 (u P), take o_1, step through P, take o_2
+    P, E, obs = hmm.detokenize(b["tokens"][0])
+    m1 = np.full(5, 0.2) @ P
+    x = m1 * E[:, obs[1]]
+    x = (x / x.sum()) @ P * E[:, obs[2]]
+    np.testing.assert_allclose(hmm.window_filter(b, 1)[0, hmm.HEADER + 2], x / x.sum(), atol=1e-12)
+    assert not np.allclose(hmm.window_filter(b, 1)[0, hmm.HEADER + 2], b["posterior"][0, hmm.HEADER + 2])
+
+
 def test_row_labels_and_the_primitives_figure_with_a_depth_row_that_is_the_preset(tmp_path):
     import plots
     assert [plots.row_label("transformer", L) for L in (None, 1, 4)] == ["transformer", "transformer, 1 layer",
