@@ -184,18 +184,12 @@ def readout(X, rows, post, twins=None):
     (n, T), NaN off the answers; of the twins (n,) or None; held-out R^2 or None)."""
     b, t = np.nonzero(rows)
     H = wt.entropy_bits(post[b, t])
-    out, tw = np.full(rows.shape, np.nan), None if twins is None else np.full(len(X), np.nan)
-    if ms.constant(H):
-        return out, tw, None
-    fold = b % ms.READOUT_FOLDS
-    for f in np.unique(fold):
-        fit = ms.ridge_fit(X[b[fold != f], t[fold != f]], H[fold != f])
-        out[b[fold == f], t[fold == f]] = fit(X[b[fold == f], t[fold == f]])
-        if twins is not None:
-            mine = np.flatnonzero(np.arange(len(X)) % ms.READOUT_FOLDS == f)
-            tw[mine] = fit(twins[mine])
-    pred = out[b, t]
-    return out, tw, 1.0 - float(((H - pred) ** 2).sum()) / float(((H - H.mean()) ** 2).sum())
+    out = np.full(rows.shape, np.nan)
+    r = ms.cv_predictions(X[b, t], H, b, extra=twins, extra_groups=None if twins is None else np.arange(len(X)))
+    if r is None:
+        return out, None if twins is None else np.full(len(X), np.nan), None
+    out[b, t] = r[0]
+    return out, None if twins is None else r[2], 1.0 - float(((H - r[0]) ** 2).sum()) / float(((H - H.mean()) ** 2).sum())
 
 
 def confident_share(q, post):

@@ -121,19 +121,25 @@ def ridge_fit(X, y, ridge=READOUT_RIDGE):
     return lambda Y: (np.asarray(Y, np.float64).reshape(-1, X.shape[1]) - mu) / sd @ w + ym
 
 
-def cv_predictions(X, y, groups, folds=READOUT_FOLDS, ridge=READOUT_RIDGE):
+def cv_predictions(X, y, groups, folds=READOUT_FOLDS, ridge=READOUT_RIDGE, extra=None, extra_groups=None):
     """The held-out ridge readout (ridge_fit): rows in folds by group (group g in fold g mod folds), each fold
-    predicted by the fit on the others. -> (predictions (N,), fold (N,)); None when y is constant or there
-    are too few groups."""
+    predicted by the fit on the others; extra (m, d) other rows, each predicted by the fit its group's fold
+    gets (extra_groups (m,)). -> (predictions (N,), fold (N,)), with the extra rows' predictions (m,) third
+    when extra is given; None when y is constant or there are too few groups."""
     X, y = np.asarray(X, np.float64).reshape(len(y), -1), np.asarray(y, np.float64)
     fold = np.asarray(groups) % folds
     if constant(y) or len(np.unique(fold)) < 2:
         return None
     pred = np.empty(len(y))
+    out = None if extra is None else np.full(len(extra), np.nan)
     for f in np.unique(fold):
         test = fold == f
-        pred[test] = ridge_fit(X[~test], y[~test], ridge)(X[test])
-    return pred, fold
+        fit = ridge_fit(X[~test], y[~test], ridge)
+        pred[test] = fit(X[test])
+        if extra is not None:
+            mine = np.asarray(extra_groups) % folds == f
+            out[mine] = fit(np.asarray(extra)[mine])
+    return (pred, fold) if extra is None else (pred, fold, out)
 
 
 def cv_fold_sse(X, y, groups, folds=READOUT_FOLDS, ridge=READOUT_RIDGE):
