@@ -306,6 +306,11 @@ def test_a_window_as_long_as_the_sequence_is_the_exact_filter_and_a_window_of_on
     x = (x / x.sum()) @ P * E[:, obs[2]]
     np.testing.assert_allclose(hmm.window_filter(b, 1)[0, hmm.HEADER + 2], x / x.sum(), atol=1e-12)
     assert not np.allclose(hmm.window_filter(b, 1)[0, hmm.HEADER + 2], b["posterior"][0, hmm.HEADER + 2])
+    # the shortcut carries nothing: at t = 1 it is (u P)(s) E[s, o_1] normalised, not the filter
+    m1 = np.full(5, 0.2) @ P
+    np.testing.assert_allclose(hmm.shortcut(b)[0, hmm.HEADER + 1], m1 * E[:, obs[1]] / (m1 * E[:, obs[1]]).sum(),
+                               atol=1e-12)
+    assert not np.allclose(hmm.shortcut(b)[0, hmm.HEADER + 1], b["posterior"][0, hmm.HEADER + 1])
 
 
 def test_row_labels_and_the_primitives_figure_with_a_depth_row_that_is_the_preset(tmp_path):
