@@ -43,6 +43,8 @@ The rules, fixed here before the first run they judge (tests exercise every bran
     after a referee's read, before any run: Wilson intervals, the upper bound, short depths only.)
 What happens past a depth's reach is also said: hallucinating or honest doubt, whichever share is larger
 and at least NOTABLE, else neither (wrong, but neither confident nor unsure).
+
+--confirm adds the runs of 4x the steps (X4_RULE), after the matched budget's cells.
 """
 
 import os
@@ -182,6 +184,37 @@ def behaviour_past_reach(groups_by_seed, reaches):
     return dict(kind=kind, hallucinated=hall / n, honest_doubt=doubt / n, answers=int(n))
 
 
+X4_RULE = """The runs of 4x the steps (--confirm; seed 0; written before any 4x run finished). Which depths: every
+direct depth of the transformer whose training loss was still falling at its end in some seed (matrix.flat
+false), and every direct depth when no depth reaches one hop in every seed (claim 1 undecided for want of
+anything learned: the budget is the first suspect). They do not change the verdicts, which are the matched
+budget's, and one seed makes no verdict. Each reads the budget: "budget-limited" where the 4x run's reach
+exceeds every seed's, "not the budget" else. Claims 1 and 2 are read again on the 4x reaches in place of the
+direct seeds' (the chain of thought kept at its matched budget, so a chain of thought beating a direct
+model of 4x the steps is the stronger reading), reported beside the verdicts as a reading, not a verdict."""
+
+
+def x4_depths(direct, falling):
+    """X4_RULE: the direct depths to run at 4x the steps. direct: {depth: [reach per seed]}; falling: {depth:
+    whether some seed's loss was still falling (not matrix.flat)}."""
+    if direct and not any(min(r) >= 1 for r in direct.values()):
+        return sorted(direct)
+    return [L for L in sorted(direct) if falling.get(L)]
+
+
+def budget_reading(reaches, reach_4x):
+    """X4_RULE: the seeds' reaches and the 4x run's -> "budget-limited" or "not the budget"."""
+    return "budget-limited" if reach_4x > max(reaches) else "not the budget"
+
+
+def x4_claims(direct, cot, x4, max_hops):
+    """X4_RULE's reading: claims 1 and 2 with each depth's direct reaches replaced by its 4x run's (x4: {depth:
+    reach}; depths without a 4x run keep their seeds')."""
+    direct = {L: [x4[L]] if L in x4 else r for L, r in direct.items()}
+    return {"a fixed depth runs out": runs_out(direct, max_hops) if len(direct) > 1 else UNDECIDED,
+            "chain of thought extends it": cot_extends(direct, cot, max_hops)}
+
+
 # ----------------------------------------------------------------------------
 # the cells
 
@@ -198,6 +231,13 @@ def cells(seeds=SEEDS, max_hops=MAX_HOPS, depths=DEPTHS, others=OTHERS):
                 out.append(dict(task="hops", family=family, layers=layers, seed=seed, flags=flags + extra,
                                 cot=cot, name=name))
     return out
+
+
+def x4_cells(depths, max_hops, steps):
+    """X4_RULE's cells: the direct transformer at each depth, seed 0, steps (4x the preset's)."""
+    return [dict(task="hops", family="transformer", layers=L, seed=0, cot=False, x4=True,
+                 flags=["--max-hops", str(max_hops), "--steps", str(steps)], name=f"hops-transformer-L{L}-direct-4x-s0")
+            for L in depths]
 
 
 def verdicts(results, todo, max_hops):
@@ -242,6 +282,32 @@ def verdicts(results, todo, max_hops):
     return list(rows.values()), claims, dict(direct=d_share, cot=c_share, short_depths=short, missing=missing)
 
 
+def confirm(rows, results, todo, out, preset, max_hops, jobs=2, run=matrix.run):
+    """X4_RULE: train the 4x runs the verdicts ask for and read them. -> (the 4x rows: dict(layers, groups,
+    reach, budget, flops), the claims read again)."""
+    import tasks
+    direct = {r["layers"]: r["reach"] for r in rows if r["family"] == "transformer" and not r["cot"]}
+    cot = {r["layers"]: r["reach"] for r in rows if r["family"] == "transformer" and r["cot"]}
+    falling = {c["layers"]: True for c in todo if c["family"] == "transformer" and not c["cot"]
+               and c["name"] in results and "steps" in results[c["name"]]
+               and not matrix.flat(os.path.join(out, c["name"], "log.csv"))}
+    todo_x4 = x4_cells(x4_depths(direct, falling), max_hops, 4 * tasks.task("hops").PRESETS[preset]["steps"])
+    if not todo_x4:
+        return [], {}
+    got = run(preset, out, jobs=jobs, todo=sorted(todo_x4, key=lambda c: -c["layers"]))   # the longest first
+    x4_rows = []
+    for c in todo_x4:
+        m = got.get(c["name"])
+        if m is None or "steps" not in m:
+            continue
+        g = answer_groups(m, False)
+        x4_rows.append(dict(family="transformer", layers=c["layers"], cot=False, x4=True, params=m["params"],
+                            steps=m["steps"], groups=[g], reach=[reach(g)], seeds=[0],
+                            budget=budget_reading(direct[c["layers"]], reach(g)),
+                            flops={h: forward_flops("transformer", m, h) for h in g}))
+    return x4_rows, x4_claims(direct, cot, {r["layers"]: r["reach"][0] for r in x4_rows}, max_hops)
+
+
 def lines(rows, claims, max_hops):
     hs = range(1, max_hops + 1)
     head = (f"{'model':<26}{'mode':<8}{'params':>9}  " + "".join(f"{f'h={h}':>7}" for h in hs)
@@ -252,11 +318,13 @@ def lines(rows, claims, max_hops):
         name = plots.row_label(r["family"], r["layers"])
         g = r["groups"][0]
         scores = "".join(f"{group_score(g[h]):>7.3f}" if h in g else f"{'':>7}" for h in hs)
-        p = r["past_reach"]
+        p = r.get("past_reach")
         past = "" if p is None else f"{p['kind']} ({p['hallucinated']:.1%} / {p['honest_doubt']:.1%})"
         f = r["flops"]
         mflop = f"{f[min(f)] / 1e6:.2f}-{f[max(f)] / 1e6:.2f}"
-        out.append(f"{name:<26}{'cot' if r['cot'] else 'direct':<8}{r['params']:>9,}  {scores}  {mflop:>11}  "
+        mode = "4x" if r.get("x4") else "cot" if r["cot"] else "direct"
+        past = r["budget"] if r.get("x4") else past
+        out.append(f"{name:<26}{mode:<8}{r['params']:>9,}  {scores}  {mflop:>11}  "
                    f"{'/'.join(map(str, r['reach'])):<7} {past}")
     out += [f"claim: {k}: {v}" for k, v in claims.items()]
     return out
@@ -270,6 +338,8 @@ def main(argv_=None):
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--figures", default="figures")
     p.add_argument("--max-hops", type=int, default=None, help="default: the preset's (quick 2; default 4)")
+    p.add_argument("--confirm", action="store_true", help="also the runs of 4x the steps the verdicts ask for "
+                   "(X4_RULE: one seed, read beside the verdicts)")
     a = p.parse_args(argv_)
     quick = a.preset == "quick"
     a.max_hops = a.max_hops or (QUICK["max_hops"] if quick else MAX_HOPS)
@@ -278,12 +348,15 @@ def main(argv_=None):
     todo = cells(seeds, a.max_hops, QUICK["depths"] if quick else DEPTHS)
     results = matrix.run(a.preset, a.out, jobs=a.jobs, todo=todo)
     rows, claims, shares = verdicts(results, todo, a.max_hops)
+    x4_rows, claims_4x = confirm(rows, results, todo, a.out, a.preset, a.max_hops, a.jobs) if a.confirm else ([], {})
     with open(os.path.join(a.out, "depth.json"), "w") as f:
-        json.dump(dict(max_hops=a.max_hops, good=matrix.GOOD, claims=claims, shares=shares,
-                       rows=[{k: v for k, v in r.items()} for r in rows]), f, indent=1)
-    print("\n".join(lines(rows, claims, a.max_hops)))
+        json.dump(dict(max_hops=a.max_hops, good=matrix.GOOD, claims=claims, shares=shares, claims_4x=claims_4x,
+                       rows=rows + x4_rows), f, indent=1)
+    print("\n".join(lines(rows + x4_rows, claims, a.max_hops)))
+    print("\n".join(f"at 4x the steps (X4_RULE: one seed, a reading, not a verdict): {k}: {v}"
+                    for k, v in claims_4x.items()))
     os.makedirs(a.figures, exist_ok=True)
-    print(plots.plot_layers(rows, os.path.join(a.figures, "layers" + ("-quick" if quick else "") + ".png"),
+    print(plots.plot_layers(rows + x4_rows, os.path.join(a.figures, "layers" + ("-quick" if quick else "") + ".png"),
                             a.max_hops, group_score))
 
 

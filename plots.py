@@ -254,7 +254,8 @@ def plot_sweep(rows, path, sweep):
 def plot_layers(rows, path, max_hops, score):
     """The depth experiment (depth.verdicts rows): the score of the answers of h hops against h, one line per
     model (the transformer by depth, the others by name), direct solid, chain of thought (running free)
-    dashed; beside it the share hallucinated, the same lines. Each point: the mean over the row's seeds."""
+    dashed, a run of 4x the steps (depth.X4_RULE) dotted; beside it the share hallucinated, the same lines. Each
+    point: the mean over the row's seeds."""
     plt = _plt()
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.4))
     models_ = list(dict.fromkeys((r["family"], r["layers"]) for r in rows))
@@ -262,8 +263,10 @@ def plot_layers(rows, path, max_hops, score):
         for r in (r for r in rows if (r["family"], r["layers"]) == (family, layers)):
             hs = [h for h in range(1, max_hops + 1) if all(h in g for g in r["groups"])]
             mean = lambda f: [sum(f(g[h]) for g in r["groups"]) / len(r["groups"]) for h in hs]
-            label = (f"{layers} layers" if layers else family) + (", cot (free)" if r["cot"] else ", direct")
-            style = dict(color=f"C{i}", ls="--" if r["cot"] else "-", marker="o", ms=3, label=label)
+            mode = ", direct, 4x the steps" if r.get("x4") else ", cot (free)" if r["cot"] else ", direct"
+            label = row_label(family, layers) + mode
+            style = dict(color=f"C{i}", ls=":" if r.get("x4") else "--" if r["cot"] else "-", marker="o", ms=3,
+                         label=label)
             ax.plot(hs, mean(score), **style)
             bx.plot(hs, mean(lambda g: g["hallucinated"]), **style)
     ax.axhline(0.95, color="grey", lw=0.8, ls=":")
@@ -274,7 +277,7 @@ def plot_layers(rows, path, max_hops, score):
         a.set_xlabel("hops h")
         a.set_xticks(range(1, max_hops + 1))
         a.grid(alpha=0.3)
-    ax.set_title("hops: direct (solid) and chain of thought running free (dashed)", fontsize=9)
+    ax.set_title("hops: direct (solid; 4x the steps dotted), chain of thought running free (dashed)", fontsize=9)
     ax.legend(frameon=False, fontsize=6, ncol=2)
     fig.tight_layout()
     return _save(fig, path)

@@ -131,3 +131,48 @@ def test_the_verdicts_of_a_whole_sweep():
     del results[todo[-1]["name"]]
     _, claims, shares = depth.verdicts(results, todo, 3)
     assert set(claims.values()) == {depth.UNDECIDED} and shares["missing"] == [todo[-1]["name"]]
+
+
+def test_the_4x_rule_every_branch():
+    """Which depths run at 4x the steps: all when none reaches one hop in every seed, else the falling ones;
+    the budget reading against every seed's reach; the claims read again on the 4x reaches."""
+    assert depth.x4_depths({1: [0, 0], 2: [0, 1]}, {}) == [1, 2]                  # nothing learned: every depth
+    assert depth.x4_depths({1: [1, 1], 2: [0, 1]}, {2: True}) == [2]              # else only the falling one
+    assert depth.x4_depths({1: [1, 1], 2: [2, 2]}, {}) == []
+    assert depth.budget_reading([0, 1], 2) == "budget-limited"
+    assert depth.budget_reading([0, 1], 1) == "not the budget"                    # not above the best seed
+    direct, cot = {1: [0, 0], 2: [0, 0]}, {1: [3, 3], 2: [3, 3]}
+    assert depth.x4_claims(direct, cot, {}, 3) == {"a fixed depth runs out": depth.UNDECIDED,
+                                                   "chain of thought extends it": depth.UNDECIDED}
+    assert depth.x4_claims(direct, cot, {1: 1, 2: 3}, 3) == {"a fixed depth runs out": depth.SUPPORTED,
+                                                            "chain of thought extends it": depth.SUPPORTED}
+    assert depth.x4_claims(direct, {1: [1, 1], 2: [1, 1]}, {1: 1, 2: 1}, 3)["chain of thought extends it"] == \
+        depth.NOT_SUPPORTED
+    cells = depth.x4_cells([2, 4], 4, 24000)
+    assert [c["name"] for c in cells] == ["hops-transformer-L2-direct-4x-s0", "hops-transformer-L4-direct-4x-s0"]
+    assert matrix.expected_steps(cells[0], "default") == 24000 and cells[1]["layers"] == 4
+
+
+def test_confirm_trains_what_the_rule_asks_and_reads_it(tmp_path):
+    """confirm on a sweep where no depth reaches a hop: both depths at 4x, read by a stand-in for matrix.run."""
+    todo = depth.cells(seeds=(0, 1), max_hops=2, depths=(1, 2), others=())
+    failed, solved = g(2.0), g(0.01)
+    results = {c["name"]: metrics({1: solved, 2: solved} if c["cot"] else {1: failed, 2: failed}, cot=c["cot"])
+               for c in todo}
+    rows, claims, _ = depth.verdicts(results, todo, 2)
+    for c in todo:                                           # flat training losses: no depth still falling
+        (tmp_path / c["name"]).mkdir()
+        (tmp_path / c["name"] / "log.csv").write_text("step,loss_bits,bayes_loss_bits\n" +
+                                                      "".join(f"{i},2.0,0.0\n" for i in range(1, 41)))
+    asked = []
+
+    def run(preset, out, jobs, todo):
+        asked.extend(todo)
+        return {c["name"]: metrics({1: solved, 2: failed} if c["layers"] == 1 else {1: solved, 2: solved})
+                for c in todo}
+    x4_rows, claims_4x = depth.confirm(rows, results, todo, str(tmp_path), "default", 2, run=run)
+    assert [c["layers"] for c in asked] == [2, 1] and all("--steps" in c["flags"] for c in asked)
+    assert [(r["layers"], r["reach"], r["budget"]) for r in x4_rows] == [(1, [1], "budget-limited"),
+                                                                        (2, [2], "budget-limited")]
+    assert claims_4x == {"a fixed depth runs out": depth.SUPPORTED, "chain of thought extends it": depth.SUPPORTED}
+    assert any(line.startswith("transformer, 1 layer") and " 4x " in line for line in depth.lines(rows + x4_rows, claims, 2))
