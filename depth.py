@@ -284,7 +284,7 @@ def verdicts(results, todo, max_hops):
 
 def confirm(rows, results, todo, out, preset, max_hops, jobs=2, run=matrix.run):
     """X4_RULE: train the 4x runs the verdicts ask for and read them. -> (the 4x rows: dict(layers, groups,
-    reach, budget, flops), the claims read again)."""
+    reach, budget, flops), the claims read again, their details)."""
     import tasks
     direct = {r["layers"]: r["reach"] for r in rows if r["family"] == "transformer" and not r["cot"]}
     cot = {r["layers"]: r["reach"] for r in rows if r["family"] == "transformer" and r["cot"]}
@@ -293,7 +293,7 @@ def confirm(rows, results, todo, out, preset, max_hops, jobs=2, run=matrix.run):
                and not matrix.flat(os.path.join(out, c["name"], "log.csv"))}
     todo_x4 = x4_cells(x4_depths(direct, falling), max_hops, 4 * tasks.task("hops").PRESETS[preset]["steps"])
     if not todo_x4:
-        return [], {}
+        return [], {}, []
     got = run(preset, out, jobs=jobs, todo=sorted(todo_x4, key=lambda c: -c["layers"]))   # the longest first
     x4_rows = []
     for c in todo_x4:
@@ -305,7 +305,45 @@ def confirm(rows, results, todo, out, preset, max_hops, jobs=2, run=matrix.run):
                             steps=m["steps"], groups=[g], reach=[reach(g)], seeds=[0],
                             budget=budget_reading(direct[c["layers"]], reach(g)),
                             flops={h: forward_flops("transformer", m, h) for h in g}))
-    return x4_rows, x4_claims(direct, cot, {r["layers"]: r["reach"][0] for r in x4_rows}, max_hops)
+    return (x4_rows, x4_claims(direct, cot, {r["layers"]: r["reach"][0] for r in x4_rows}, max_hops),
+            details(got, todo_x4))
+
+
+def details(results, todo):
+    """Every cell's answers by h, seeds side by side: [dict(family, layers, mode, kl, hallucinated, honest_doubt,
+    accuracy)], each {h: [per seed]}; modes: direct, or the chain of thought teacher-forced (the true hops
+    before), running free and greedy."""
+    out = {}
+    for c in todo:
+        m = results.get(c["name"])
+        if m is None or "steps" not in m:
+            continue
+        modes = ([("teacher-forced", m["groups"])] + [(k, m["free_run"][k]["groups"]) for k in ("free", "greedy")]
+                 if c["cot"] else [("direct, 4x" if c.get("x4") else "direct", m["groups"])])
+        for mode, groups in modes:
+            r = out.setdefault((c["family"], c["layers"], mode), dict(family=c["family"], layers=c["layers"],
+                                                                      mode=mode, seeds=[]))
+            r["seeds"].append(c["seed"])
+            for name, g in groups.items():
+                if name.startswith("h="):
+                    for k in ("kl_bits", "hallucinated", "honest_doubt", "accuracy"):
+                        r.setdefault(k, {}).setdefault(int(name[2:]), []).append(g.get(k))
+    return list(out.values())
+
+
+def detail_lines(rows, max_hops):
+    """details' rows as a table: KL (bits) by h, the seeds joined by '/', and the shares hallucinated."""
+    hs = range(1, max_hops + 1)
+    seeds = lambda v: "/".join("-" if x is None else f"{x:.3g}" for x in v)
+    share = lambda v: "/".join("-" if x is None else f"{x:.0%}" for x in v)
+    head = f"{'model':<24}{'mode':<16}" + "".join(f"{f'KL h={h}':>14}" for h in hs) + "  hallucinated by h"
+    out = ["KL in bits by h, seed by seed; the share hallucinated by h (over half the mass on an answer the posterior "
+           "gives under 5%)", head, "-" * len(head)]
+    for r in rows:
+        kl = "".join(f"{seeds(r['kl_bits'][h]) if h in r['kl_bits'] else '':>14}" for h in hs)
+        hall = "  ".join(share(r["hallucinated"][h]) for h in hs if h in r["hallucinated"])
+        out.append(f"{plots.row_label(r['family'], r['layers']):<24}{r['mode']:<16}{kl}  {hall}")
+    return out
 
 
 def lines(rows, claims, max_hops):
@@ -348,16 +386,19 @@ def main(argv_=None):
     todo = cells(seeds, a.max_hops, QUICK["depths"] if quick else DEPTHS)
     results = matrix.run(a.preset, a.out, jobs=a.jobs, todo=todo)
     rows, claims, shares = verdicts(results, todo, a.max_hops)
-    x4_rows, claims_4x = confirm(rows, results, todo, a.out, a.preset, a.max_hops, a.jobs) if a.confirm else ([], {})
+    x4_rows, claims_4x, x4_detail = (confirm(rows, results, todo, a.out, a.preset, a.max_hops, a.jobs) if a.confirm
+                                     else ([], {}, []))
+    detail = details(results, todo) + x4_detail
     with open(os.path.join(a.out, "depth.json"), "w") as f:
         json.dump(dict(max_hops=a.max_hops, good=matrix.GOOD, claims=claims, shares=shares, claims_4x=claims_4x,
-                       rows=rows + x4_rows), f, indent=1)
+                       rows=rows + x4_rows, details=detail), f, indent=1)
+    print("\n".join(detail_lines(detail, a.max_hops)))
     print("\n".join(lines(rows + x4_rows, claims, a.max_hops)))
     print("\n".join(f"at 4x the steps (X4_RULE: one seed, a reading, not a verdict): {k}: {v}"
                     for k, v in claims_4x.items()))
     os.makedirs(a.figures, exist_ok=True)
     print(plots.plot_layers(rows + x4_rows, os.path.join(a.figures, "layers" + ("-quick" if quick else "") + ".png"),
-                            a.max_hops, group_score))
+                            a.max_hops))
 
 
 if __name__ == "__main__":

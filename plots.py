@@ -251,34 +251,41 @@ def plot_sweep(rows, path, sweep):
     return _save(fig, path)
 
 
-def plot_layers(rows, path, max_hops, score):
-    """The depth experiment (depth.verdicts rows): the score of the answers of h hops against h, one line per
-    model (the transformer by depth, the others by name), direct solid, chain of thought (running free)
-    dashed, a run of 4x the steps (depth.X4_RULE) dotted; beside it the share hallucinated, the same lines. Each
-    point: the mean over the row's seeds."""
+def plot_layers(rows, path, max_hops):
+    """The depth experiment (depth.verdicts rows): the KL of the answers of h hops against h, one line per model
+    (the transformer by depth, the others by name), the direct models in one panel (a run of 4x the steps,
+    depth.X4_RULE, dotted) beside the chains of thought running free; then the share hallucinated, direct
+    solid and chain of thought dashed. Each point: the mean over the row's seeds."""
     plt = _plt()
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.4))
+    fig, (ax, cx, bx) = plt.subplots(1, 3, figsize=(15, 4.4))
     models_ = list(dict.fromkeys((r["family"], r["layers"]) for r in rows))
     for i, (family, layers) in enumerate(models_):
         for r in (r for r in rows if (r["family"], r["layers"]) == (family, layers)):
             hs = [h for h in range(1, max_hops + 1) if all(h in g for g in r["groups"])]
             mean = lambda f: [sum(f(g[h]) for g in r["groups"]) / len(r["groups"]) for h in hs]
-            mode = ", direct, 4x the steps" if r.get("x4") else ", cot (free)" if r["cot"] else ", direct"
-            label = row_label(family, layers) + mode
-            style = dict(color=f"C{i}", ls=":" if r.get("x4") else "--" if r["cot"] else "-", marker="o", ms=3,
-                         label=label)
-            ax.plot(hs, mean(score), **style)
-            bx.plot(hs, mean(lambda g: g["hallucinated"]), **style)
-    ax.axhline(0.95, color="grey", lw=0.8, ls=":")
-    ax.set_ylabel("score: 1 - KL(model) / KL(uniform)")
+            mode = ", 4x the steps" if r.get("x4") else ""
+            style = dict(color=f"C{i}", marker="o", ms=3, label=row_label(family, layers) + mode)
+            (cx if r["cot"] else ax).plot(hs, mean(lambda g: g["kl_bits"]), ls=":" if r.get("x4") else "-", **style)
+            if not r.get("x4"):
+                bx.plot(hs, mean(lambda g: g["hallucinated"]), ls="--" if r["cot"] else "-", **style)
+    first = rows[0]["groups"][0]
+    hs = sorted(first)
+    for a in (ax, cx):
+        a.plot(hs, [first[h]["prior_kl_bits"] for h in hs], color="grey", ls="--", lw=0.8, label="uniform guess")
+        a.set_yscale("log")
+        a.set_ylabel("KL(exact posterior || model), bits")
+    ax.sharey(cx)
+    ax.set_title("direct: the answer in one pass (4x the steps dotted)", fontsize=9)
+    cx.set_title("chain of thought, running free: its own hops, then the answer", fontsize=9)
     bx.set_ylabel("share hallucinated")
-    bx.set_title("confident and wrong: over 1/2 on an answer the posterior gives under 5%", fontsize=9)
-    for a in (ax, bx):
+    bx.set_title("confident and wrong: over 1/2 on an answer the posterior\ngives under 5% "
+                 "(direct solid, chain of thought dashed)", fontsize=9)
+    for a in (ax, cx, bx):
         a.set_xlabel("hops h")
         a.set_xticks(range(1, max_hops + 1))
         a.grid(alpha=0.3)
-    ax.set_title("hops: direct (solid; 4x the steps dotted), chain of thought running free (dashed)", fontsize=9)
     ax.legend(frameon=False, fontsize=6, ncol=2)
+    cx.legend(frameon=False, fontsize=6, ncol=2)
     fig.tight_layout()
     return _save(fig, path)
 

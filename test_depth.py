@@ -1,5 +1,7 @@
 """depth.py's rules, every branch, on hand-made runs."""
 
+import os
+
 import pytest
 
 import depth
@@ -170,9 +172,36 @@ def test_confirm_trains_what_the_rule_asks_and_reads_it(tmp_path):
         asked.extend(todo)
         return {c["name"]: metrics({1: solved, 2: failed} if c["layers"] == 1 else {1: solved, 2: solved})
                 for c in todo}
-    x4_rows, claims_4x = depth.confirm(rows, results, todo, str(tmp_path), "default", 2, run=run)
+    x4_rows, claims_4x, x4_detail = depth.confirm(rows, results, todo, str(tmp_path), "default", 2, run=run)
     assert [c["layers"] for c in asked] == [2, 1] and all("--steps" in c["flags"] for c in asked)
     assert [(r["layers"], r["reach"], r["budget"]) for r in x4_rows] == [(1, [1], "budget-limited"),
                                                                         (2, [2], "budget-limited")]
     assert claims_4x == {"a fixed depth runs out": depth.SUPPORTED, "chain of thought extends it": depth.SUPPORTED}
     assert any(line.startswith("transformer, 1 layer") and " 4x " in line for line in depth.lines(rows + x4_rows, claims, 2))
+
+
+def test_details_put_the_seeds_side_by_side_in_every_mode(tmp_path):
+    """A direct cell and a chain-of-thought cell, two seeds: the direct KLs by h, and the chain's teacher-forced,
+    free and greedy groups read from their own places in metrics.json; the table joins the seeds."""
+    todo = depth.cells(seeds=(0, 1), max_hops=2, depths=(2,), others=())
+    results = {}
+    for c in todo:
+        kl = 0.5 + c["seed"]
+        m = metrics({1: g(kl), 2: g(2 * kl, hall=0.25)}, cot=c["cot"])
+        if c["cot"]:
+            m["groups"] = {"h=1": g(0.1), "h=2": g(0.2), "hops before the last": g(9.0)}
+            m["free_run"]["greedy"] = {"groups": {"h=1": g(3.0), "h=2": g(4.0)}}
+        results[c["name"]] = m
+    rows = depth.details(results, todo)
+    by = {r["mode"]: r for r in rows}
+    assert set(by) == {"direct", "teacher-forced", "free", "greedy"}
+    assert by["direct"]["kl_bits"] == {1: [0.5, 1.5], 2: [1.0, 3.0]} and by["direct"]["seeds"] == [0, 1]
+    assert by["teacher-forced"]["kl_bits"] == {1: [0.1, 0.1], 2: [0.2, 0.2]}        # not the hops before the last
+    assert by["free"]["hallucinated"][2] == [0.25, 0.25] and by["greedy"]["kl_bits"][2] == [4.0, 4.0]
+    line = next(l for l in depth.detail_lines(rows, 2) if "direct" in l)
+    assert "0.5/1.5" in line and "1/3" in line and "25%/25%" in line
+    x4 = depth.x4_cells([2], 2, 40)[0]
+    assert depth.details({x4["name"]: metrics({1: g(0.1)})}, [x4])[0]["mode"] == "direct, 4x"
+    import plots
+    rows_, _, _ = depth.verdicts(results, todo, 2)
+    assert os.path.exists(plots.plot_layers(rows_, str(tmp_path / "layers.png"), 2))
