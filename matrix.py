@@ -442,16 +442,16 @@ def sweep_lines(rows):
 
 
 def lines(rows):
-    head = f"{'task':<10}{'family':<20}{'params':>9}{'steps':>8}  {'KL (bits), per seed':<24}{'score':<16}{'mark':<14}authors"
+    head = f"{'task':<10}{'family':<22}{'params':>9}{'steps':>8}  {'KL (bits), per seed':<26}{'score':<24}{'mark':<14}authors"
     out = [head, "-" * len(head)]
     for r in rows:
         fam = plots.row_label(r["family"], r["layers"])
         if "sits_out" in r or "failed" in r:
-            out.append(f"{r['task']:<10}{fam:<20}  {r['verdict']}: {r.get('sits_out') or r.get('failed')}")
+            out.append(f"{r['task']:<10}{fam:<22}  {r['verdict']}: {r.get('sits_out') or r.get('failed')}")
             continue
         x4 = (f"; 4x the steps: score {shown(r['score_4x'])} {r['mark_4x']} ({r['budget']})" if "score_4x" in r else "")
-        out.append(f"{r['task']:<10}{fam:<20}{r['params']:>9,}{r['steps']:>8}  "
-                   f"{' / '.join(f'{k:.3g}' for k in r['kl']):<24}{' / '.join(shown(s) for s in r['score']):<16}"
+        out.append(f"{r['task']:<10}{fam:<22}{r['params']:>9,}{r['steps']:>8}  "
+                   f"{' / '.join(f'{k:.3g}' for k in r['kl']):<26}{' / '.join(shown(s) for s in r['score']):<24}"
                    f"{r['verdict']:<14}{'' if r['authors'] is None else r['authors'] + ' (' + r['agreement'] + ')'}{x4}")
     return out
 

@@ -145,7 +145,8 @@ def row_label(family, layers=None):
 def plot_primitives(rows, path, good, partial, primitive=None, floors=None, depths=None):
     """The measured matrix (matrix.table rows): families (and the transformer's depth rows) down, tasks across,
     each cell coloured by its score (mean over seeds), the scores per seed and the mark printed; the authors'
-    hand-drawn mark beside it where their figure has the cell; primitive: {task: what it exercises}; floors:
+    hand-drawn mark beside it where their figure has the cell, and a run of 4x the steps where one was trained
+    (matrix.X4_RULE); primitive: {task: what it exercises}; floors:
     {task: its shortcut's score}, under the task's name; depths: {task: the transformer row's layers}, said
     in the depth row's cell that the transformer row already is."""
     plt = _plt()
@@ -157,7 +158,8 @@ def plot_primitives(rows, path, good, partial, primitive=None, floors=None, dept
         i, j = fams.index((r["family"], r["layers"])), task_names.index(r["task"])
         grid[i, j] = np.mean(r["score"]) if r["score"] else np.nan      # a cell sitting out: blank
         authors = "" if r.get("authors") is None else f"\nauthors: {r['authors']}"
-        ax.text(j, i, " / ".join(f"{np.floor(s * 100) / 100:.2f}" for s in r["score"]) + f"  {r['verdict']}{authors}",
+        x4 = f"\n4x the steps: {np.floor(r['score_4x'] * 100) / 100:.2f} {r['mark_4x']}" if "score_4x" in r else ""
+        ax.text(j, i, " / ".join(f"{np.floor(s * 100) / 100:.2f}" for s in r["score"]) + f"  {r['verdict']}{authors}{x4}",
                 ha="center",
                 va="center", fontsize=7)
     for j, t in enumerate(task_names):

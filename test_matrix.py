@@ -317,7 +317,8 @@ def test_row_labels_and_the_primitives_figure_with_a_depth_row_that_is_the_prese
     import plots
     assert [plots.row_label("transformer", L) for L in (None, 1, 4)] == ["transformer", "transformer, 1 layer",
                                                                           "transformer, 4 layers"]
-    rows = [dict(task="recall", family="transformer", layers=None, score=[0.99, 0.98], verdict="✓", authors="✓"),
+    rows = [dict(task="recall", family="transformer", layers=None, score=[0.99, 0.98], verdict="✓", authors="✓",
+                 score_4x=0.999, mark_4x="✓"),
             dict(task="recall", family="transformer", layers=1, score=[0.2, 0.1], verdict="✗"),
             dict(task="bijection", family="transformer", layers=2, score=[0.99, 0.99], verdict="✓")]
     path = plots.plot_primitives(rows, str(tmp_path / "p.png"), 0.95, 0.5, matrix.PRIMITIVE, {"recall": 0.44},
