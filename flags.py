@@ -27,6 +27,7 @@ EVAL_SEQS = 2000        # held-out sequences for evaluation
 MIN_EVAL_SEQS = 4       # the single-sequence figure draws four
 WEIGHT_DECAY = 0.01     # AdamW's decoupled weight decay, unless the preset says otherwise
 LR_FLOOR = 0.1          # the cosine ends at lr * lr_floor, unless the preset says otherwise
+OPTIMIZER = ("lr", "lr_floor", "warmup", "weight_decay")   # metrics.json records them; matrix.finished checks them
 STICKY = "sticky"       # Paper II's chain: continuous inputs, outside tasks.TASKS; its experiments below
 EXPERIMENTS = {"one-head": "SGD on one chain against exact Bayes", "compare-em": "SGD, EM-like and a true M-step, "
                "5 seeds", "deep": "the authors' deep variant, 5 seeds"}

@@ -180,8 +180,9 @@ def expected_steps(cell, preset):
 
 
 def finished(run_dir, cell=None, preset=None):
-    """A cell's result: its metrics.json (checked against the cell: task, family and steps; ValueError in one
-    line for a directory holding another run), a marker left by a cell that sat out or failed ({"sits_out":
+    """A cell's result: its metrics.json (checked against the cell: task, family and steps, and the learning
+    rate and its schedule train.py would use now; ValueError in one line for a directory holding another run
+    or one trained at another rate), a marker left by a cell that sat out or failed ({"sits_out":
     why} or {"failed": why}; delete the marker to try again), or None."""
     for kind in ("sits_out", "failed"):
         if os.path.exists(f"{run_dir}.{kind}"):
@@ -196,7 +197,36 @@ def finished(run_dir, cell=None, preset=None):
             cell["task"], cell["family"], expected_steps(cell, preset)):
         raise ValueError(f"{run_dir} holds a run of {m.get('task')}, {m.get('model')}, {m.get('steps')} steps, not this "
                          f"cell's: move it or give another --out")
+    ran = optimizer_of(run_dir, m) if cell is not None and preset is not None else {}
+    if ran:
+        wanted = optimizer_wanted(cell, preset, run_dir)
+        differ = [k for k in wanted if k in ran and not math.isclose(ran[k], wanted[k], rel_tol=1e-9)]
+        if differ:
+            raise ValueError(f"{run_dir} was trained with --{differ[0].replace('_', '-')} {ran[differ[0]]:g}, not this "
+                             f"cell's {wanted[differ[0]]:g} (a preset changed since?): move it or give another --out")
     return m
+
+
+def optimizer_of(run_dir, m):
+    """What a finished cell was trained with (flags.OPTIMIZER): its metrics.json's record, or, for a run from
+    before that record, its checkpoint's meta ({} if neither has it)."""
+    if "optimizer" in m:
+        return m["optimizer"]
+    path = os.path.join(run_dir, "checkpoint.npz")
+    if not os.path.exists(path):
+        return {}
+    from checkpoints import load_checkpoint
+    from flags import OPTIMIZER
+    meta = load_checkpoint(path)[2]
+    return {k: meta[k] for k in OPTIMIZER if meta.get(k) is not None}
+
+
+def optimizer_wanted(cell, preset, run_dir):
+    """What train.py would train the cell with now (its flags over the preset and the family's tuning)."""
+    import flags
+    a = [x for x in argv(cell, preset, run_dir)[2:] if x not in ("--resume", "--overwrite")]
+    args = flags.parse_args(a)
+    return {k: getattr(args, k) for k in flags.OPTIMIZER}
 
 
 # ----------------------------------------------------------------------------

@@ -103,6 +103,32 @@ def test_the_runner_skips_finished_cells_and_reports_each(tmp_path, monkeypatch)
         matrix.run("quick", str(out), log=lines.append)
 
 
+def test_a_finished_cell_trained_at_another_rate_is_refused(tmp_path, monkeypatch):
+    """A cell's metrics.json records the optimizer's settings: the same as the preset's today is finished; a
+    learning rate the preset no longer gives (a tuning changed since) is refused in one line; a record
+    without them (and no checkpoint) is not checked."""
+    import flags
+    cell = dict(task="recall", family="ssm", layers=None, seed=0, name="recall-ssm-s0")
+    run_dir = tmp_path / cell["name"]
+    run_dir.mkdir()
+    now = matrix.optimizer_wanted(cell, "default", str(run_dir))
+    assert set(now) == set(flags.OPTIMIZER) and now["lr"] == 3e-3 and now["warmup"] == 100   # mamba.TUNED's recall
+    base = dict(kl_bits=0.1, prior_kl_bits=2.0, steps=4000, task="recall", model="ssm")
+    for optimizer, ok in ((now, True), ({**now, "lr": 1e-2}, False), ({**now, "warmup": 300}, False), (None, True)):
+        json.dump({**base, **({"optimizer": optimizer} if optimizer else {})}, open(run_dir / "metrics.json", "w"))
+        if ok:
+            assert matrix.finished(str(run_dir), cell, "default")["kl_bits"] == 0.1
+        else:
+            with pytest.raises(ValueError, match="was trained with --(lr 0.01|warmup 300), not this cell's (0.003|100)"):
+                matrix.finished(str(run_dir), cell, "default")
+    # a run from before the record: its checkpoint's meta says what it was trained with
+    import checkpoints
+    (run_dir / "checkpoint.npz").write_bytes(b"")
+    monkeypatch.setattr(checkpoints, "load_checkpoint", lambda path: (None, None, {**now, "lr": 1e-2, "seed": 0}, None))
+    with pytest.raises(ValueError, match="was trained with --lr 0.01, not this cell's 0.003"):
+        matrix.finished(str(run_dir), cell, "default")
+
+
 def test_a_failing_cell_is_recorded_and_not_retried(tmp_path, monkeypatch):
     """A cell that fails (exit 1) is reported, the matrix goes on, and a marker keeps a rerun from repeating it
     (delete the marker to try again)."""

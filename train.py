@@ -37,7 +37,7 @@ import tasks  # noqa: E402
 import training  # noqa: E402
 from checkpoints import CheckpointNotSaved, load_checkpoint, save_checked, versions, write_json  # noqa: E402
 from evaluation import evaluate  # noqa: E402
-from flags import (STICKY, baseline_config, context, fail, fit_positions, flag_table,  # noqa: E402, F401
+from flags import (OPTIMIZER, STICKY, baseline_config, context, fail, fit_positions, flag_table,  # noqa: E402, F401
                    model_config, parse_args)
 
 
@@ -397,7 +397,8 @@ def token_run(args, sizes, cfg):
             metrics, t = evaluate_run(args, name, prm, mcfg)
             metrics = dict(task=args.task, model=name, params=models.count_params(prm), steps=step, batch=args.batch,
                            seconds=round(seconds, 1), targets="soft" if args.soft else "sampled", settings=args.settings,
-                           prior_gap_bits=gap, config=dataclasses.asdict(mcfg), **metrics, versions=versions())
+                           prior_gap_bits=gap, config=dataclasses.asdict(mcfg), **metrics, versions=versions(),
+                           optimizer={k: getattr(args, k) for k in OPTIMIZER})
             write_json(os.path.join(args.out, runs.metrics_name(name, main_model)), metrics)
             results[name] = metrics
             traces = traces or t
