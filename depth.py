@@ -184,14 +184,16 @@ def behaviour_past_reach(groups_by_seed, reaches):
     return dict(kind=kind, hallucinated=hall / n, honest_doubt=doubt / n, answers=int(n))
 
 
-X4_RULE = """The runs of 4x the steps (--confirm; seed 0; written before any 4x run finished). Which depths: every
-direct depth of the transformer whose training loss was still falling at its end in some seed (matrix.flat
-false), and every direct depth when no depth reaches one hop in every seed (claim 1 undecided for want of
-anything learned: the budget is the first suspect). They do not change the verdicts, which are the matched
-budget's, and one seed makes no verdict. Each reads the budget: "budget-limited" where the 4x run's reach
-exceeds every seed's, "not the budget" else. Claims 1 and 2 are read again on the 4x reaches in place of the
-direct seeds' (the chain of thought kept at its matched budget, so a chain of thought beating a direct
-model of 4x the steps is the stronger reading), reported beside the verdicts as a reading, not a verdict."""
+X4_RULE = """The runs of 4x the steps (--confirm; written before any 4x run finished, and amended before any finished
+from seed 0 only to every seed, so that they can decide). Which depths: every direct depth of the
+transformer whose training loss was still falling at its end in some seed (matrix.flat false), and every
+direct depth when no depth reaches one hop in every seed (claim 1 undecided for want of anything learned:
+the budget is the first suspect); each in every seed of the sweep. The three claims are judged again by
+the same rules with those depths' direct cells replaced by their 4x runs (the chain of thought kept at its
+matched budget, so a chain of thought beating a direct model of 4x the steps is the stronger finding),
+reported beside the matched budget's verdicts, not in place of them. Each depth also reads the budget:
+"budget-limited" where the 4x run's reach exceeds the matched budget's in every seed, "not the budget"
+else."""
 
 
 def x4_depths(direct, falling):
@@ -202,17 +204,10 @@ def x4_depths(direct, falling):
     return [L for L in sorted(direct) if falling.get(L)]
 
 
-def budget_reading(reaches, reach_4x):
-    """X4_RULE: the seeds' reaches and the 4x run's -> "budget-limited" or "not the budget"."""
-    return "budget-limited" if reach_4x > max(reaches) else "not the budget"
-
-
-def x4_claims(direct, cot, x4, max_hops):
-    """X4_RULE's reading: claims 1 and 2 with each depth's direct reaches replaced by its 4x run's (x4: {depth:
-    reach}; depths without a 4x run keep their seeds')."""
-    direct = {L: [x4[L]] if L in x4 else r for L, r in direct.items()}
-    return {"a fixed depth runs out": runs_out(direct, max_hops) if len(direct) > 1 else UNDECIDED,
-            "chain of thought extends it": cot_extends(direct, cot, max_hops)}
+def budget_reading(reaches, reaches_4x):
+    """X4_RULE: the matched budget's reaches and the 4x runs', seed by seed -> "budget-limited" or "not the
+    budget"."""
+    return "budget-limited" if all(b > a for a, b in zip(reaches, reaches_4x)) else "not the budget"
 
 
 # ----------------------------------------------------------------------------
@@ -233,11 +228,12 @@ def cells(seeds=SEEDS, max_hops=MAX_HOPS, depths=DEPTHS, others=OTHERS):
     return out
 
 
-def x4_cells(depths, max_hops, steps):
-    """X4_RULE's cells: the direct transformer at each depth, seed 0, steps (4x the preset's)."""
-    return [dict(task="hops", family="transformer", layers=L, seed=0, cot=False, x4=True,
-                 flags=["--max-hops", str(max_hops), "--steps", str(steps)], name=f"hops-transformer-L{L}-direct-4x-s0")
-            for L in depths]
+def x4_cells(depths, seeds, max_hops, steps):
+    """X4_RULE's cells: the direct transformer at each depth and seed, steps (4x the preset's)."""
+    return [dict(task="hops", family="transformer", layers=L, seed=seed, cot=False, x4=True,
+                 flags=["--max-hops", str(max_hops), "--steps", str(steps)],
+                 name=f"hops-transformer-L{L}-direct-4x-s{seed}")
+            for L in depths for seed in seeds]
 
 
 def verdicts(results, todo, max_hops):
@@ -283,30 +279,26 @@ def verdicts(results, todo, max_hops):
 
 
 def confirm(rows, results, todo, out, preset, max_hops, jobs=2, run=matrix.run):
-    """X4_RULE: train the 4x runs the verdicts ask for and read them. -> (the 4x rows: dict(layers, groups,
-    reach, budget, flops), the claims read again, their details)."""
+    """X4_RULE: train the 4x runs the verdicts ask for and judge the claims again with them. -> (the 4x rows,
+    as verdicts' rows with x4 and the budget's reading, the claims at 4x, what claim 3 pooled at 4x, their
+    details)."""
     import tasks
     direct = {r["layers"]: r["reach"] for r in rows if r["family"] == "transformer" and not r["cot"]}
-    cot = {r["layers"]: r["reach"] for r in rows if r["family"] == "transformer" and r["cot"]}
     falling = {c["layers"]: True for c in todo if c["family"] == "transformer" and not c["cot"]
                and c["name"] in results and "steps" in results[c["name"]]
                and not matrix.flat(os.path.join(out, c["name"], "log.csv"))}
-    todo_x4 = x4_cells(x4_depths(direct, falling), max_hops, 4 * tasks.task("hops").PRESETS[preset]["steps"])
+    seeds = sorted({c["seed"] for c in todo})
+    todo_x4 = x4_cells(x4_depths(direct, falling), seeds, max_hops, 4 * tasks.task("hops").PRESETS[preset]["steps"])
     if not todo_x4:
-        return [], {}, []
+        return [], {}, {}, []
     got = run(preset, out, jobs=jobs, todo=sorted(todo_x4, key=lambda c: -c["layers"]))   # the longest first
-    x4_rows = []
-    for c in todo_x4:
-        m = got.get(c["name"])
-        if m is None or "steps" not in m:
-            continue
-        g = answer_groups(m, False)
-        x4_rows.append(dict(family="transformer", layers=c["layers"], cot=False, x4=True, params=m["params"],
-                            steps=m["steps"], groups=[g], reach=[reach(g)], seeds=[0],
-                            budget=budget_reading(direct[c["layers"]], reach(g)),
-                            flops={h: forward_flops("transformer", m, h) for h in g}))
-    return (x4_rows, x4_claims(direct, cot, {r["layers"]: r["reach"][0] for r in x4_rows}, max_hops),
-            details(got, todo_x4))
+    merged = dict(results)
+    for c in todo_x4:                                # each 4x run in its matched-budget cell's place
+        merged[c["name"].replace("-4x", "")] = got.get(c["name"], {"failed": "not run"})
+    rows_4x, claims_4x, shares_4x = verdicts(merged, todo, max_hops)
+    x4_rows = [dict(r, x4=True, budget=budget_reading(direct[r["layers"]], r["reach"])) for r in rows_4x
+               if r["family"] == "transformer" and not r["cot"] and r["layers"] in {c["layers"] for c in todo_x4}]
+    return x4_rows, claims_4x, shares_4x, details(got, todo_x4)
 
 
 def details(results, todo):
@@ -377,7 +369,7 @@ def main(argv_=None):
     p.add_argument("--figures", default="figures")
     p.add_argument("--max-hops", type=int, default=None, help="default: the preset's (quick 2; default 4)")
     p.add_argument("--confirm", action="store_true", help="also the runs of 4x the steps the verdicts ask for "
-                   "(X4_RULE: one seed, read beside the verdicts)")
+                   "(X4_RULE: every seed, the claims judged again beside the verdicts)")
     a = p.parse_args(argv_)
     quick = a.preset == "quick"
     a.max_hops = a.max_hops or (QUICK["max_hops"] if quick else MAX_HOPS)
@@ -386,16 +378,15 @@ def main(argv_=None):
     todo = cells(seeds, a.max_hops, QUICK["depths"] if quick else DEPTHS)
     results = matrix.run(a.preset, a.out, jobs=a.jobs, todo=todo)
     rows, claims, shares = verdicts(results, todo, a.max_hops)
-    x4_rows, claims_4x, x4_detail = (confirm(rows, results, todo, a.out, a.preset, a.max_hops, a.jobs) if a.confirm
-                                     else ([], {}, []))
+    x4_rows, claims_4x, shares_4x, x4_detail = (confirm(rows, results, todo, a.out, a.preset, a.max_hops, a.jobs)
+                                                if a.confirm else ([], {}, {}, []))
     detail = details(results, todo) + x4_detail
     with open(os.path.join(a.out, "depth.json"), "w") as f:
-        json.dump(dict(max_hops=a.max_hops, good=matrix.GOOD, claims=claims, shares=shares, claims_4x=claims_4x,
+        json.dump(dict(max_hops=a.max_hops, good=matrix.GOOD, claims=claims, shares=shares, claims_4x=claims_4x, shares_4x=shares_4x,
                        rows=rows + x4_rows, details=detail), f, indent=1)
     print("\n".join(detail_lines(detail, a.max_hops)))
     print("\n".join(lines(rows + x4_rows, claims, a.max_hops)))
-    print("\n".join(f"at 4x the steps (X4_RULE: one seed, a reading, not a verdict): {k}: {v}"
-                    for k, v in claims_4x.items()))
+    print("\n".join(f"claim with the direct depths at 4x the steps (X4_RULE): {k}: {v}" for k, v in claims_4x.items()))
     os.makedirs(a.figures, exist_ok=True)
     print(plots.plot_layers(rows + x4_rows, os.path.join(a.figures, "layers" + ("-quick" if quick else "") + ".png"),
                             a.max_hops))

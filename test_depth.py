@@ -137,31 +137,29 @@ def test_the_verdicts_of_a_whole_sweep():
 
 def test_the_4x_rule_every_branch():
     """Which depths run at 4x the steps: all when none reaches one hop in every seed, else the falling ones;
-    the budget reading against every seed's reach; the claims read again on the 4x reaches."""
+    the budget reading seed by seed; the cells, every depth in every seed."""
     assert depth.x4_depths({1: [0, 0], 2: [0, 1]}, {}) == [1, 2]                  # nothing learned: every depth
     assert depth.x4_depths({1: [1, 1], 2: [0, 1]}, {2: True}) == [2]              # else only the falling one
     assert depth.x4_depths({1: [1, 1], 2: [2, 2]}, {}) == []
-    assert depth.budget_reading([0, 1], 2) == "budget-limited"
-    assert depth.budget_reading([0, 1], 1) == "not the budget"                    # not above the best seed
-    direct, cot = {1: [0, 0], 2: [0, 0]}, {1: [3, 3], 2: [3, 3]}
-    assert depth.x4_claims(direct, cot, {}, 3) == {"a fixed depth runs out": depth.UNDECIDED,
-                                                   "chain of thought extends it": depth.UNDECIDED}
-    assert depth.x4_claims(direct, cot, {1: 1, 2: 3}, 3) == {"a fixed depth runs out": depth.SUPPORTED,
-                                                            "chain of thought extends it": depth.SUPPORTED}
-    assert depth.x4_claims(direct, {1: [1, 1], 2: [1, 1]}, {1: 1, 2: 1}, 3)["chain of thought extends it"] == \
-        depth.NOT_SUPPORTED
-    cells = depth.x4_cells([2, 4], 4, 24000)
-    assert [c["name"] for c in cells] == ["hops-transformer-L2-direct-4x-s0", "hops-transformer-L4-direct-4x-s0"]
-    assert matrix.expected_steps(cells[0], "default") == 24000 and cells[1]["layers"] == 4
+    assert depth.budget_reading([0, 1], [1, 2]) == "budget-limited"
+    assert depth.budget_reading([0, 1], [2, 1]) == "not the budget"               # seed by seed, not the best
+    assert depth.budget_reading([1, 1], [1, 1]) == "not the budget"
+    cells = depth.x4_cells([2, 4], (0, 1), 4, 24000)
+    assert [c["name"] for c in cells] == ["hops-transformer-L2-direct-4x-s0", "hops-transformer-L2-direct-4x-s1",
+                                          "hops-transformer-L4-direct-4x-s0", "hops-transformer-L4-direct-4x-s1"]
+    assert matrix.expected_steps(cells[0], "default") == 24000 and cells[3]["layers"] == 4 and cells[3]["seed"] == 1
 
 
-def test_confirm_trains_what_the_rule_asks_and_reads_it(tmp_path):
-    """confirm on a sweep where no depth reaches a hop: both depths at 4x, read by a stand-in for matrix.run."""
+def test_confirm_trains_what_the_rule_asks_and_judges_again(tmp_path):
+    """confirm on a sweep where no depth reaches a hop: both depths at 4x in both seeds (the longest first), the
+    claims judged again with the 4x runs in the direct cells' places: depth 1 reaches one hop, depth 2 both,
+    the chain of thought both at depth 1: every claim supported at 4x, undecided at the matched budget."""
     todo = depth.cells(seeds=(0, 1), max_hops=2, depths=(1, 2), others=())
     failed, solved = g(2.0), g(0.01)
     results = {c["name"]: metrics({1: solved, 2: solved} if c["cot"] else {1: failed, 2: failed}, cot=c["cot"])
                for c in todo}
     rows, claims, _ = depth.verdicts(results, todo, 2)
+    assert set(claims.values()) == {depth.UNDECIDED}
     for c in todo:                                           # flat training losses: no depth still falling
         (tmp_path / c["name"]).mkdir()
         (tmp_path / c["name"] / "log.csv").write_text("step,loss_bits,bayes_loss_bits\n" +
@@ -172,12 +170,20 @@ def test_confirm_trains_what_the_rule_asks_and_reads_it(tmp_path):
         asked.extend(todo)
         return {c["name"]: metrics({1: solved, 2: failed} if c["layers"] == 1 else {1: solved, 2: solved})
                 for c in todo}
-    x4_rows, claims_4x, x4_detail = depth.confirm(rows, results, todo, str(tmp_path), "default", 2, run=run)
-    assert [c["layers"] for c in asked] == [2, 1] and all("--steps" in c["flags"] for c in asked)
-    assert [(r["layers"], r["reach"], r["budget"]) for r in x4_rows] == [(1, [1], "budget-limited"),
-                                                                        (2, [2], "budget-limited")]
-    assert claims_4x == {"a fixed depth runs out": depth.SUPPORTED, "chain of thought extends it": depth.SUPPORTED}
+    x4_rows, claims_4x, shares_4x, x4_detail = depth.confirm(rows, results, todo, str(tmp_path), "default", 2, run=run)
+    assert [(c["layers"], c["seed"]) for c in asked] == [(2, 0), (2, 1), (1, 0), (1, 1)]
+    assert all("--steps" in c["flags"] for c in asked)
+    assert [(r["layers"], r["reach"], r["budget"]) for r in x4_rows] == [(1, [1, 1], "budget-limited"),
+                                                                        (2, [2, 2], "budget-limited")]
+    assert claims_4x == {"a fixed depth runs out": depth.SUPPORTED, "chain of thought extends it": depth.SUPPORTED,
+                         "without hallucinating": depth.SUPPORTED}
+    assert shares_4x["short_depths"] == [1] and shares_4x["cot"] == (0.0, 0.0, 200)           # h = 2, two seeds of 100
+    assert {r["mode"] for r in x4_detail} == {"direct, 4x"}
     assert any(line.startswith("transformer, 1 layer") and " 4x " in line for line in depth.lines(rows + x4_rows, claims, 2))
+    # a 4x run that failed leaves its depth's cell missing: every claim at 4x undecided
+    x4_rows, claims_4x, _, _ = depth.confirm(rows, results, todo, str(tmp_path), "default", 2,
+                                             run=lambda preset, out, jobs, todo: {})
+    assert set(claims_4x.values()) == {depth.UNDECIDED} and x4_rows == []
 
 
 def test_details_put_the_seeds_side_by_side_in_every_mode(tmp_path):
@@ -200,7 +206,7 @@ def test_details_put_the_seeds_side_by_side_in_every_mode(tmp_path):
     assert by["free"]["hallucinated"][2] == [0.25, 0.25] and by["greedy"]["kl_bits"][2] == [4.0, 4.0]
     line = next(l for l in depth.detail_lines(rows, 2) if "direct" in l)
     assert "0.5/1.5" in line and "1/3" in line and "25%/25%" in line
-    x4 = depth.x4_cells([2], 2, 40)[0]
+    x4 = depth.x4_cells([2], (0,), 2, 40)[0]
     assert depth.details({x4["name"]: metrics({1: g(0.1)})}, [x4])[0]["mode"] == "direct, 4x"
     import plots
     rows_, _, _ = depth.verdicts(results, todo, 2)
