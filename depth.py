@@ -32,15 +32,20 @@ The rules, fixed here before the first run they judge (tests exercise every bran
     the direct one (smallest over seeds against largest): supported; at every short depth it does not in
     any seed: not supported; else, or when no depth is short, undecided.
   Claim 3, without hallucinating: over the free-running chain of thought's final answers past the largest
-    direct reach of each short depth (its seeds pooled, the depths pooled), the share hallucinated
-    (evaluation: over half its mass on an answer the posterior gives under 5%), with a Wilson interval at
-    two standard errors: supported when its upper end, on the upper bound of the share (cot.py: the mass
-    the free run dropped put on an implausible answer), is below CEILING; not supported when its lower
-    end, on the share itself, is above CEILING; else, or when no depth is short, undecided. The direct
-    model's share on the same answers is reported beside it. (Amended after the first two probe runs and
-    before any depth.py run: the rule first asked the chain of thought to hallucinate less than the
-    direct model, which a direct model that is honestly unsure, as the probe's was, makes impossible; and
-    after a referee's read, before any run: Wilson intervals, the upper bound, short depths only.)
+    direct reach of each short depth, the share hallucinated (evaluation: over half its mass on an answer
+    the posterior gives under 5%), with a Wilson interval at two standard errors per short depth and seed
+    (a seed's answers share one model, so they are not pooled with another's): supported when claim 2 is
+    and in every depth and seed the interval's upper end, on the upper bound of the share (cot.py: the
+    mass the free run dropped put on an implausible answer), is below CEILING; not supported when in every
+    depth and seed its lower end, on the share itself, is above CEILING; else, or when no depth is short,
+    undecided. The direct model's share on the same h is reported beside it, pooled. (Amended after the
+    first two probe runs and before any depth.py run: the rule first asked the chain of thought to
+    hallucinate less than the direct model, which a direct model that is honestly unsure, as the probe's
+    was, makes impossible; after a referee's read, before any run: Wilson intervals, the upper bound, short
+    depths only; after a second referee's read, after the matched budget's runs, whose short depths were
+    none, so that no verdict on it had been read, and before any 4x run finished: an interval per depth
+    and seed instead of pooled answers, and supported only with claim 2, since a chain of thought that is
+    unsure past the reach hallucinates nothing either.)
 What happens past a depth's reach is also said: hallucinating or honest doubt, whichever share is larger
 and at least NOTABLE, else neither (wrong, but neither confident nor unsure).
 
@@ -144,7 +149,7 @@ def past_reach(groups_by_seed, cut, key="hallucinated"):
     for groups in groups_by_seed:
         for h, g in groups.items():
             if h > cut:
-                bad += g.get(key, g["hallucinated"]) * g["n_answers"]
+                bad += g[key] * g["n_answers"]
                 n += g["n_answers"]
     return bad, n
 
@@ -156,14 +161,16 @@ def wilson(k, n, z=Z):
     return (centre - half) / (1 + z2 / n), (centre + half) / (1 + z2 / n)
 
 
-def without_hallucinating(cot_share):
-    """Claim 3. cot_share: (hallucinated, hallucinated at most, answers), pooled, or None (no short depth)."""
-    if cot_share is None or not cot_share[2]:
+def without_hallucinating(cot_shares, extends):
+    """Claim 3. cot_shares: [(hallucinated, hallucinated at most, answers)] per short depth and seed (each its
+    own interval: a seed's answers are not independent of each other's model), or []; extends: claim 2's
+    verdict (supported needs it: an unsure chain of thought does not hallucinate either)."""
+    shares = [s for s in cot_shares if s[2]]
+    if not shares:
         return UNDECIDED
-    low, high = wilson(cot_share[0], cot_share[2])[0], wilson(cot_share[1], cot_share[2])[1]
-    if high < CEILING:
+    if extends == SUPPORTED and all(wilson(s[1], s[2])[1] < CEILING for s in shares):
         return SUPPORTED
-    if low > CEILING:
+    if all(wilson(s[0], s[2])[0] > CEILING for s in shares):
         return NOT_SUPPORTED
     return UNDECIDED
 
@@ -184,30 +191,33 @@ def behaviour_past_reach(groups_by_seed, reaches):
     return dict(kind=kind, hallucinated=hall / n, honest_doubt=doubt / n, answers=int(n))
 
 
-X4_RULE = """The runs of 4x the steps (--confirm; written before any 4x run finished, and amended before any finished
-from seed 0 only to every seed, so that they can decide). Which depths: every direct depth of the
-transformer whose training loss was still falling at its end in some seed (matrix.flat false), and every
-direct depth when no depth reaches one hop in every seed (claim 1 undecided for want of anything learned:
-the budget is the first suspect); each in every seed of the sweep. The three claims are judged again by
-the same rules with those depths' direct cells replaced by their 4x runs (the chain of thought kept at its
-matched budget, so a chain of thought beating a direct model of 4x the steps is the stronger finding),
-reported beside the matched budget's verdicts, not in place of them. Each depth also reads the budget:
-"budget-limited" where the 4x run's reach exceeds the matched budget's in every seed, "not the budget"
-else."""
+X4_RULE = """The runs of 4x the steps (--confirm; written before any 4x run finished, and amended before any finished:
+from seed 0 only to every seed, so that they can decide, and after a referee's read to all depths or none).
+Which depths: every direct depth of the transformer, in every seed of the sweep, when some depth's training
+loss was still falling at its end in some seed (matrix.flat false) or no depth reaches one hop in every
+seed (claim 1 undecided for want of anything learned: the budget is the first suspect); else none (claim 1
+compares depths at one budget). The three claims are judged again by the same rules with the direct cells
+replaced by their 4x runs (the chain of thought kept at its matched budget: a chain of thought beating a
+direct model of 4x the steps is the stronger finding, and a chain of thought losing to one says less),
+reported beside the matched budget's verdicts, not in place of them. Each depth also reads the budget, seed
+by seed: "budget-limited" where the 4x run's reach exceeds the matched budget's in every seed, "not the
+budget" else, "incomplete" where a seed's 4x run is missing."""
 
 
 def x4_depths(direct, falling):
-    """X4_RULE: the direct depths to run at 4x the steps. direct: {depth: [reach per seed]}; falling: {depth:
-    whether some seed's loss was still falling (not matrix.flat)}."""
-    if direct and not any(min(r) >= 1 for r in direct.values()):
-        return sorted(direct)
-    return [L for L in sorted(direct) if falling.get(L)]
+    """X4_RULE: the direct depths to run at 4x the steps, all or none (claim 1 compares depths at one budget).
+    direct: {depth: [reach per seed]}; falling: {depth: whether some seed's loss was still falling (not
+    matrix.flat)}."""
+    nothing = direct and not any(min(r) >= 1 for r in direct.values())
+    return sorted(direct) if nothing or any(falling.get(L) for L in direct) else []
 
 
 def budget_reading(reaches, reaches_4x):
-    """X4_RULE: the matched budget's reaches and the 4x runs', seed by seed -> "budget-limited" or "not the
-    budget"."""
-    return "budget-limited" if all(b > a for a, b in zip(reaches, reaches_4x)) else "not the budget"
+    """X4_RULE: {seed: reach} at the matched budget and at 4x -> "budget-limited" or "not the budget", seed by
+    seed; "incomplete" when a seed lacks its 4x run."""
+    if set(reaches_4x) != set(reaches):
+        return "incomplete"
+    return "budget-limited" if all(reaches_4x[s] > reaches[s] for s in reaches) else "not the budget"
 
 
 # ----------------------------------------------------------------------------
@@ -259,20 +269,22 @@ def verdicts(results, todo, max_hops):
     depth = {cot: {r["layers"]: r["reach"] for r in rows.values() if r["family"] == "transformer" and r["cot"] == cot}
              for cot in (False, True)}
     short = short_depths(depth[False], max_hops) if depth[False] else []
-    d_share = c_share = None
+    d_share, c_shares = None, []
     for L in short:
         d, c = rows[("transformer", L, False)], rows.get(("transformer", L, True))
         if c is None:
             continue
         cut = max(d["reach"])                                   # the same h for both: past every seed's reach
         db, dn = past_reach(d["groups"], cut)
-        cb, cn = past_reach(c["groups"], cut)
-        cu, _ = past_reach(c["groups"], cut, "hallucinated_upper")
         d_share = (d_share[0] + db, d_share[1] + dn) if d_share else (db, dn)
-        c_share = (c_share[0] + cb, c_share[1] + cu, c_share[2] + cn) if c_share else (cb, cu, cn)
+        for g in c["groups"]:                                   # the chain of thought seed by seed
+            cb, cn = past_reach([g], cut)
+            c_shares.append((cb, past_reach([g], cut, "hallucinated_upper")[0], cn))
+    extends = cot_extends(depth[False], depth[True], max_hops)
     claims = {"a fixed depth runs out": runs_out(depth[False], max_hops) if len(depth[False]) > 1 else UNDECIDED,
-              "chain of thought extends it": cot_extends(depth[False], depth[True], max_hops),
-              "without hallucinating": without_hallucinating(c_share)}
+              "chain of thought extends it": extends,
+              "without hallucinating": without_hallucinating(c_shares, extends)}
+    c_share = tuple(sum(x) for x in zip(*c_shares)) if c_shares else None
     if missing:
         claims = {k: UNDECIDED for k in claims}
     return list(rows.values()), claims, dict(direct=d_share, cot=c_share, short_depths=short, missing=missing)
@@ -284,6 +296,8 @@ def confirm(rows, results, todo, out, preset, max_hops, jobs=2, run=matrix.run):
     details)."""
     import tasks
     direct = {r["layers"]: r["reach"] for r in rows if r["family"] == "transformer" and not r["cot"]}
+    by_seed = {r["layers"]: dict(zip(r["seeds"], r["reach"])) for r in rows if r["family"] == "transformer"
+               and not r["cot"]}
     falling = {c["layers"]: True for c in todo if c["family"] == "transformer" and not c["cot"]
                and c["name"] in results and "steps" in results[c["name"]]
                and not matrix.flat(os.path.join(out, c["name"], "log.csv"))}
@@ -296,7 +310,9 @@ def confirm(rows, results, todo, out, preset, max_hops, jobs=2, run=matrix.run):
     for c in todo_x4:                                # each 4x run in its matched-budget cell's place
         merged[c["name"].replace("-4x", "")] = got.get(c["name"], {"failed": "not run"})
     rows_4x, claims_4x, shares_4x = verdicts(merged, todo, max_hops)
-    x4_rows = [dict(r, x4=True, budget=budget_reading(direct[r["layers"]], r["reach"])) for r in rows_4x
+    got_seeds = lambda L: {c["seed"]: reach(answer_groups(got[c["name"]], False)) for c in todo_x4 if c["layers"] == L
+                           and "steps" in got.get(c["name"], {})}
+    x4_rows = [dict(r, x4=True, budget=budget_reading(by_seed[r["layers"]], got_seeds(r["layers"]))) for r in rows_4x
                if r["family"] == "transformer" and not r["cot"] and r["layers"] in {c["layers"] for c in todo_x4}]
     return x4_rows, claims_4x, shares_4x, details(got, todo_x4)
 

@@ -11,8 +11,9 @@ import models
 pytestmark = pytest.mark.plain_python
 
 
-def g(kl, h_bayes=1.0, n=100, hall=0.0, doubt=0.0):
+def g(kl, h_bayes=1.0, n=100, hall=0.0, doubt=0.0, upper=None):
     return dict(kl_bits=kl, h_bayes_bits=h_bayes, n_answers=n, hallucinated=hall, honest_doubt=doubt,
+                hallucinated_upper=hall if upper is None else upper,
                 prior_kl_bits=4.0 - h_bayes)       # K = 16, as answer_groups computes it
 
 
@@ -67,20 +68,26 @@ def test_claim_two_every_branch():
 
 
 def test_claim_three_every_branch():
-    """Wilson intervals at z = 2 against CEILING 0.02. 0 of 400: high (0.005 + 0.005) / 1.01 = 0.0099:
+    """Wilson intervals at z = 2 against CEILING 0.02, per short depth and seed. 0 of 400: high (0.005 + 0.005) / 1.01 = 0.0099:
     supported. 0 of 100: high 0.04 / 1.04 = 0.0385, low 0: undecided (and 0 of 1, the Wald interval's
     zero width, too). 2 of 400, at most 2: high (0.01 + 0.00865) / 1.01 = 0.0185: supported; at most 40 (the
     dropped mass could hallucinate): undecided. 40 of 400: low (0.105 - 0.0304) / 1.01 = 0.0738: not
     supported."""
     assert depth.wilson(0, 400)[1] == pytest.approx(0.0099, abs=1e-4)
     assert depth.wilson(2, 400) == (pytest.approx(0.00134, abs=1e-5), pytest.approx(0.01846, abs=1e-5))
-    assert depth.without_hallucinating((0, 0, 400)) == depth.SUPPORTED
-    assert depth.without_hallucinating((0, 0, 100)) == depth.UNDECIDED
-    assert depth.without_hallucinating((0, 0, 1)) == depth.UNDECIDED
-    assert depth.without_hallucinating((2, 2, 400)) == depth.SUPPORTED
-    assert depth.without_hallucinating((2, 40, 400)) == depth.UNDECIDED
-    assert depth.without_hallucinating((40, 40, 400)) == depth.NOT_SUPPORTED
-    assert depth.without_hallucinating(None) == depth.UNDECIDED == depth.without_hallucinating((0, 0, 0))
+    S, N, U = depth.SUPPORTED, depth.NOT_SUPPORTED, depth.UNDECIDED
+    w = depth.without_hallucinating
+    assert w([(0, 0, 400)], S) == S
+    assert w([(0, 0, 400)], N) == U == w([(0, 0, 400)], U)          # supported only with claim 2
+    assert w([(0, 0, 100)], S) == U and w([(0, 0, 1)], S) == U
+    assert w([(2, 2, 400)], S) == S and w([(2, 40, 400)], S) == U
+    assert w([(40, 40, 400)], S) == N == w([(40, 40, 400)], U)      # not supported needs no claim 2
+    # per depth and seed, not pooled: 0 of 400 and 2 of 100 pool to 2 of 500 (high 0.0149, supported) but the
+    # second alone has high (0.04 + 0.0299) / 1.04 = 0.0672: undecided; every seed above: not supported
+    assert depth.wilson(2, 500)[1] < depth.CEILING < depth.wilson(2, 100)[1]
+    assert w([(0, 0, 400), (2, 2, 100)], S) == U
+    assert w([(40, 40, 400), (20, 20, 100)], S) == N and w([(40, 40, 400), (0, 0, 400)], S) == U
+    assert w([], S) == U == w([(0, 0, 0)], S)
     assert depth.CEILING == 0.02 and depth.Z == 2.0
 
 
@@ -139,11 +146,12 @@ def test_the_4x_rule_every_branch():
     """Which depths run at 4x the steps: all when none reaches one hop in every seed, else the falling ones;
     the budget reading seed by seed; the cells, every depth in every seed."""
     assert depth.x4_depths({1: [0, 0], 2: [0, 1]}, {}) == [1, 2]                  # nothing learned: every depth
-    assert depth.x4_depths({1: [1, 1], 2: [0, 1]}, {2: True}) == [2]              # else only the falling one
-    assert depth.x4_depths({1: [1, 1], 2: [2, 2]}, {}) == []
-    assert depth.budget_reading([0, 1], [1, 2]) == "budget-limited"
-    assert depth.budget_reading([0, 1], [2, 1]) == "not the budget"               # seed by seed, not the best
-    assert depth.budget_reading([1, 1], [1, 1]) == "not the budget"
+    assert depth.x4_depths({1: [1, 1], 2: [0, 1]}, {2: True}) == [1, 2]           # one falling: all (one budget)
+    assert depth.x4_depths({1: [1, 1], 2: [2, 2]}, {}) == [] == depth.x4_depths({}, {})
+    assert depth.budget_reading({0: 0, 1: 1}, {0: 1, 1: 2}) == "budget-limited"
+    assert depth.budget_reading({0: 0, 1: 1}, {0: 2, 1: 1}) == "not the budget"   # seed by seed, not the best
+    assert depth.budget_reading({0: 1, 1: 0}, {1: 1, 0: 2}) == "budget-limited"   # by seed, not by position
+    assert depth.budget_reading({0: 0, 1: 1}, {0: 3}) == "incomplete"
     cells = depth.x4_cells([2, 4], (0, 1), 4, 24000)
     assert [c["name"] for c in cells] == ["hops-transformer-L2-direct-4x-s0", "hops-transformer-L2-direct-4x-s1",
                                           "hops-transformer-L4-direct-4x-s0", "hops-transformer-L4-direct-4x-s1"]
@@ -155,8 +163,8 @@ def test_confirm_trains_what_the_rule_asks_and_judges_again(tmp_path):
     claims judged again with the 4x runs in the direct cells' places: depth 1 reaches one hop, depth 2 both,
     the chain of thought both at depth 1: every claim supported at 4x, undecided at the matched budget."""
     todo = depth.cells(seeds=(0, 1), max_hops=2, depths=(1, 2), others=())
-    failed, solved = g(2.0), g(0.01)
-    results = {c["name"]: metrics({1: solved, 2: solved} if c["cot"] else {1: failed, 2: failed}, cot=c["cot"])
+    failed, solved, many = g(2.0), g(0.01), g(0.01, n=400)      # 400 answers a seed: an interval under 0.02
+    results = {c["name"]: metrics({1: many, 2: many} if c["cot"] else {1: failed, 2: failed}, cot=c["cot"])
                for c in todo}
     rows, claims, _ = depth.verdicts(results, todo, 2)
     assert set(claims.values()) == {depth.UNDECIDED}
@@ -177,13 +185,33 @@ def test_confirm_trains_what_the_rule_asks_and_judges_again(tmp_path):
                                                                         (2, [2, 2], "budget-limited")]
     assert claims_4x == {"a fixed depth runs out": depth.SUPPORTED, "chain of thought extends it": depth.SUPPORTED,
                          "without hallucinating": depth.SUPPORTED}
-    assert shares_4x["short_depths"] == [1] and shares_4x["cot"] == (0.0, 0.0, 200)           # h = 2, two seeds of 100
+    assert shares_4x["short_depths"] == [1] and shares_4x["cot"] == (0.0, 0.0, 800)           # h = 2, two seeds of 400
     assert {r["mode"] for r in x4_detail} == {"direct, 4x"}
     assert any(line.startswith("transformer, 1 layer") and " 4x " in line for line in depth.lines(rows + x4_rows, claims, 2))
     # a 4x run that failed leaves its depth's cell missing: every claim at 4x undecided
     x4_rows, claims_4x, _, _ = depth.confirm(rows, results, todo, str(tmp_path), "default", 2,
                                              run=lambda preset, out, jobs, todo: {})
     assert set(claims_4x.values()) == {depth.UNDECIDED} and x4_rows == []
+    # one seed's 4x run failed: that depth's budget is incomplete, every claim at 4x undecided
+    partial = lambda preset, out, jobs, todo: {c["name"]: metrics({1: solved, 2: solved}) for c in todo
+                                               if not (c["layers"] == 1 and c["seed"] == 1)}
+    x4_rows, claims_4x, _, _ = depth.confirm(rows, results, todo, str(tmp_path), "default", 2, run=partial)
+    assert [(r["layers"], r["seeds"], r["budget"]) for r in x4_rows] == [(1, [0], "incomplete"),
+                                                                        (2, [0, 1], "budget-limited")]
+    assert set(claims_4x.values()) == {depth.UNDECIDED}
+    # a depth still falling at the matched budget sends every depth to 4x, though each reaches a hop
+    reached = {c["name"]: metrics({1: solved, 2: solved} if c["cot"] or c["layers"] == 2 else {1: solved, 2: failed},
+                                  cot=c["cot"]) for c in todo}
+    rows1, _, _ = depth.verdicts(reached, todo, 2)
+    (tmp_path / todo[0]["name"] / "log.csv").write_text("step,loss_bits,bayes_loss_bits\n" + "".join(
+        f"{i},{3.0 - i / 20},0.0\n" for i in range(1, 41)))           # depth 1, seed 0: still falling
+    asked.clear()
+    depth.confirm(rows1, reached, todo, str(tmp_path), "default", 2, run=run)
+    assert sorted({c["layers"] for c in asked}) == [1, 2]
+    (tmp_path / todo[0]["name"] / "log.csv").write_text("step,loss_bits,bayes_loss_bits\n" + "".join(
+        f"{i},2.0,0.0\n" for i in range(1, 41)))
+    asked.clear()
+    assert depth.confirm(rows1, reached, todo, str(tmp_path), "default", 2, run=run) == ([], {}, {}, []) and not asked
 
 
 def test_details_put_the_seeds_side_by_side_in_every_mode(tmp_path):
