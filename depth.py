@@ -310,9 +310,8 @@ def confirm(rows, results, todo, out, preset, max_hops, jobs=2, run=matrix.run):
     for c in todo_x4:                                # each 4x run in its matched-budget cell's place
         merged[c["name"].replace("-4x", "")] = got.get(c["name"], {"failed": "not run"})
     rows_4x, claims_4x, shares_4x = verdicts(merged, todo, max_hops)
-    got_seeds = lambda L: {c["seed"]: reach(answer_groups(got[c["name"]], False)) for c in todo_x4 if c["layers"] == L
-                           and "steps" in got.get(c["name"], {})}
-    x4_rows = [dict(r, x4=True, budget=budget_reading(by_seed[r["layers"]], got_seeds(r["layers"]))) for r in rows_4x
+    x4_rows = [dict(r, x4=True, budget=budget_reading(by_seed[r["layers"]], dict(zip(r["seeds"], r["reach"]))))
+               for r in rows_4x
                if r["family"] == "transformer" and not r["cot"] and r["layers"] in {c["layers"] for c in todo_x4}]
     return x4_rows, claims_4x, shares_4x, details(got, todo_x4)
 
@@ -398,8 +397,8 @@ def main(argv_=None):
                                                 if a.confirm else ([], {}, {}, []))
     detail = details(results, todo) + x4_detail
     with open(os.path.join(a.out, "depth.json"), "w") as f:
-        json.dump(dict(max_hops=a.max_hops, good=matrix.GOOD, claims=claims, shares=shares, claims_4x=claims_4x, shares_4x=shares_4x,
-                       rows=rows + x4_rows, details=detail), f, indent=1)
+        json.dump(dict(max_hops=a.max_hops, good=matrix.GOOD, claims=claims, shares=shares, claims_4x=claims_4x,
+                       shares_4x=shares_4x, rows=rows + x4_rows, details=detail), f, indent=1)
     print("\n".join(detail_lines(detail, a.max_hops)))
     print("\n".join(lines(rows + x4_rows, claims, a.max_hops)))
     print("\n".join(f"claim with the direct depths at 4x the steps (X4_RULE): {k}: {v}" for k, v in claims_4x.items()))

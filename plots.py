@@ -159,7 +159,8 @@ def plot_primitives(rows, path, good, partial, primitive=None, floors=None, dept
         grid[i, j] = np.mean(r["score"]) if r["score"] else np.nan      # a cell sitting out: blank
         authors = "" if r.get("authors") is None else f"\nauthors: {r['authors']}"
         x4 = f"\n4x the steps: {np.floor(r['score_4x'] * 100) / 100:.2f} {r['mark_4x']}" if "score_4x" in r else ""
-        ax.text(j, i, " / ".join(f"{np.floor(s * 100) / 100:.2f}" for s in r["score"]) + f"  {r['verdict']}{authors}{x4}",
+        scores = " / ".join(f"{np.floor(s * 100) / 100:.2f}" for s in r["score"])
+        ax.text(j, i, f"{scores}  {r['verdict']}{authors}{x4}",
                 ha="center",
                 va="center", fontsize=7)
     for j, t in enumerate(task_names):

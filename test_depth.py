@@ -68,8 +68,8 @@ def test_claim_two_every_branch():
 
 
 def test_claim_three_every_branch():
-    """Wilson intervals at z = 2 against CEILING 0.02, per short depth and seed. 0 of 400: high (0.005 + 0.005) / 1.01 = 0.0099:
-    supported. 0 of 100: high 0.04 / 1.04 = 0.0385, low 0: undecided (and 0 of 1, the Wald interval's
+    """Wilson intervals at z = 2 against CEILING 0.02, per short depth and seed. 0 of 400: high
+    (0.005 + 0.005) / 1.01 = 0.0099: supported. 0 of 100: high 0.04 / 1.04 = 0.0385, low 0: undecided (and 0 of 1, the Wald interval's
     zero width, too). 2 of 400, at most 2: high (0.01 + 0.00865) / 1.01 = 0.0185: supported; at most 40 (the
     dropped mass could hallucinate): undecided. 40 of 400: low (0.105 - 0.0304) / 1.01 = 0.0738: not
     supported."""
@@ -187,7 +187,8 @@ def test_confirm_trains_what_the_rule_asks_and_judges_again(tmp_path):
                          "without hallucinating": depth.SUPPORTED}
     assert shares_4x["short_depths"] == [1] and shares_4x["cot"] == (0.0, 0.0, 800)           # h = 2, two seeds of 400
     assert {r["mode"] for r in x4_detail} == {"direct, 4x"}
-    assert any(line.startswith("transformer, 1 layer") and " 4x " in line for line in depth.lines(rows + x4_rows, claims, 2))
+    table = depth.lines(rows + x4_rows, claims, 2)
+    assert any(line.startswith("transformer, 1 layer") and " 4x " in line for line in table)
     # a 4x run that failed leaves its depth's cell missing: every claim at 4x undecided
     x4_rows, claims_4x, _, _ = depth.confirm(rows, results, todo, str(tmp_path), "default", 2,
                                              run=lambda preset, out, jobs, todo: {})

@@ -119,7 +119,8 @@ def test_a_finished_cell_trained_at_another_rate_is_refused(tmp_path, monkeypatc
         if ok:
             assert matrix.finished(str(run_dir), cell, "default")["kl_bits"] == 0.1
         else:
-            with pytest.raises(ValueError, match="was trained with --(lr 0.01|warmup 300), not this cell's (0.003|100)"):
+            refused = "was trained with --(lr 0.01|warmup 300), not this cell's (0.003|100)"
+            with pytest.raises(ValueError, match=refused):
                 matrix.finished(str(run_dir), cell, "default")
     # a run from before the record: its checkpoint's meta says what it was trained with
     import checkpoints
