@@ -93,15 +93,23 @@ def verdict(scores, floor=None):
     return "split (" + "/".join(marks) + ")"
 
 
+def shortcut_metrics(task, preset, extra=(), seqs=FLOOR_SEQS):
+    """The task's shortcut (a predictor without its primitive, tasks.shortcut) scored on `seqs` held-out
+    sequences of its preset's settings (extra: more train.py flags, a sweep point's): evaluate's metrics, or
+    None where the task has no shortcut (the uniform prior)."""
+    import flags
+    from evaluation import evaluate
+    s = flags.parse_args(["--task", task, "--preset", preset, *extra]).settings
+    batch = tasks.held_out_sets(task, s, seqs, 0)[""]
+    q = tasks.shortcut(task, batch, s)
+    return None if q is None else evaluate(lambda tokens: q, batch)[0]
+
+
 def floor_score(task, preset):
     """The score of the task's shortcut on FLOOR_SEQS held-out sequences of its preset's settings, or None (no
     shortcut: the uniform prior, score 0)."""
-    import flags
-    from evaluation import evaluate
-    s = flags.parse_args(["--task", task, "--preset", preset]).settings
-    batch = tasks.held_out_sets(task, s, FLOOR_SEQS, 0)[""]
-    q = tasks.shortcut(task, batch, s)
-    return None if q is None else score(evaluate(lambda tokens: q, batch)[0])
+    m = shortcut_metrics(task, preset)
+    return None if m is None else score(m)
 
 
 def cell_mark(cell_verdict):
@@ -449,15 +457,38 @@ def sweep_table(results, cells_, out):
             rows.append({**row, **mm})
             continue
         cfg = models.config_from_dict(c["family"], mm["config"])
+        acc = mm.get("groups", {}).get("stored", {}).get("accuracy")
         rows.append({**row, "params": mm["params"], "steps": mm["steps"], "kl": mm["kl_bits"], "score": score(mm),
-                     "stored_accuracy": mm.get("groups", {}).get("stored", {}).get("accuracy"),
+                     "stored_accuracy": acc, "pairs": mm["settings"]["pairs"],
+                     "answered": None if acc is None else pairs_answered(acc, mm["settings"]["pairs"]),
                      "flat": flat(os.path.join(out, c["name"], "log.csv")),
                      "state_floats": models.state_floats(c["family"], cfg, mm["config"]["max_len"])})
     return rows
 
 
+def pairs_answered(stored_accuracy, pairs):
+    """The stored pairs a model answers, as if each were asked once: its accuracy on stored keys x the pairs.
+    A model that binds them all answers every pair; the shortcut without binding (a stored value, not its
+    key's) about one, whatever the pairs."""
+    return stored_accuracy * pairs
+
+
+def sweep_shortcuts(cells_, seqs=FLOOR_SEQS):
+    """The stored pairs recall's shortcut answers at each point of a sweep (the stored values without their
+    keys: what a model that binds nothing can do): {point: pairs_answered}."""
+    import flags
+    out = {}
+    for c in cells_:
+        if c["point"] not in out:
+            m = shortcut_metrics(c["task"], "default", c["flags"], seqs)
+            pairs = flags.parse_args(["--task", c["task"], *c["flags"]]).settings["pairs"]
+            out[c["point"]] = pairs_answered(m["groups"]["stored"]["accuracy"], pairs)
+    return out
+
+
 def sweep_lines(rows):
-    head = f"{'family':<12}{'point':<10}{'params':>9}{'steps':>7}{'KL (bits)':>11}{'score':>8}{'stored acc.':>12}  {'state':>9}  flat"
+    head = (f"{'family':<12}{'point':<10}{'params':>9}{'steps':>7}{'KL (bits)':>11}{'score':>8}{'stored acc.':>12}"
+            f"{'answered':>10}  {'state':>9}  flat")
     out = [head, "-" * len(head)]
     for r in rows:
         if "sits_out" in r or "failed" in r:
@@ -465,8 +496,9 @@ def sweep_lines(rows):
                        f"{r.get('sits_out') or r.get('failed')}")
             continue
         acc = "" if r["stored_accuracy"] is None else f"{r['stored_accuracy']:.3f}"
+        answered = "" if r.get("answered") is None else f"{r['answered']:.1f} of {r['pairs']}"
         out.append(f"{r['family']:<12}{r['point']:<10}{r['params']:>9,}{r['steps']:>7}{r['kl']:>11.4g}{r['score']:>8.3f}"
-                   f"{acc:>12}  {r['state_floats'] if r['state_floats'] is not None else 'n/a':>9}  "
+                   f"{acc:>12}{answered:>10}  {r['state_floats'] if r['state_floats'] is not None else 'n/a':>9}  "
                    f"{'yes' if r['flat'] else 'no (unconverged)'}")
     return out
 

@@ -224,12 +224,14 @@ def plot_learning_curves(curves, path):
     return _save(fig, path)
 
 
-def plot_sweep(rows, path, sweep):
+def plot_sweep(rows, path, sweep, shortcut=None):
     """A recall sweep (matrix.sweep_table rows): each family's score against the stored pairs (capacity) or the
-    filler (distance), a hollow marker where its training loss was not flat (matrix.flat), each point labelled with the floats
-    its family carries from step to step; the families that sit a point out named in the legend."""
+    filler (distance), a hollow marker where its training loss was not flat (matrix.flat), each point labelled
+    with the floats its family carries from step to step; beside it the stored pairs it answers
+    (matrix.pairs_answered) against every pair and, where given, the shortcut's ({point: pairs answered});
+    the families that sit a point out named in the legend."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(7.6, 4.6))
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.6))
     key = "pairs" if sweep == "capacity" else "filler"
     x_of = lambda r: int(r["point"][len(key):])
     for c, fam in enumerate(dict.fromkeys(r["family"] for r in rows)):
@@ -238,18 +240,35 @@ def plot_sweep(rows, path, sweep):
         out = [x_of(r) for r in mine if "sits_out" in r or "failed" in r]
         label = fam + (f" (sits out at {', '.join(map(str, out))})" if out else "")
         ax.plot([x_of(r) for r in ran], [r["score"] for r in ran], "-", color=f"C{c}", label=label)
+        answered = [r for r in ran if r.get("answered") is not None]
+        bx.plot([x_of(r) for r in answered], [r["answered"] for r in answered], "-", color=f"C{c}", label=label)
         for r in ran:
-            ax.plot(x_of(r), r["score"], "o", color=f"C{c}", mfc=f"C{c}" if r["flat"] else "white")
+            fill = dict(color=f"C{c}", mfc=f"C{c}" if r["flat"] else "white")
+            ax.plot(x_of(r), r["score"], "o", **fill)
+            if r.get("answered") is not None:
+                bx.plot(x_of(r), r["answered"], "o", **fill)
             if r["state_floats"] is not None:
                 ax.annotate(f"{r['state_floats']:,}", (x_of(r), r["score"]), fontsize=6, xytext=(3, 3),
                             textcoords="offset points", color=f"C{c}")
-    ax.set_xscale("symlog" if key == "filler" else "log", base=2)
-    ax.set_xlabel("stored pairs" if key == "pairs" else "longest filler run (8 pairs)")
+    xs = sorted({x_of(r) for r in rows})
+    pairs = sorted({r["pairs"] for r in rows if "pairs" in r})
+    every = xs if key == "pairs" else [pairs[-1] if pairs else 0] * len(xs)
+    bx.plot(xs, every, color="grey", ls="--", lw=0.8, label="every stored pair")
+    if shortcut:
+        bx.plot(xs, [shortcut[f"{key}{x}"] for x in xs], color="grey", ls=":", lw=0.8,
+                label="the shortcut: the commonest stored value, not its key's")
+    for a in (ax, bx):
+        a.set_xscale("symlog" if key == "filler" else "log", base=2)
+        a.set_xlabel("stored pairs" if key == "pairs" else "longest filler run (8 pairs)")
+        a.grid(alpha=0.3)
+    if key == "pairs":
+        bx.set_yscale("log", base=2)
     ax.set_ylabel("score: 1 - KL(model) / KL(uniform)")
-    ax.set_title(f"recall: {'capacity' if key == 'pairs' else 'distance'} (numbers: floats carried from step to "
-                 f"step; hollow: not flat at the end)", fontsize=9)
-    ax.legend(frameon=False, fontsize=7)
-    ax.grid(alpha=0.3)
+    bx.set_ylabel("stored pairs answered (accuracy x pairs)")
+    ax.set_title(f"recall, {'capacity' if key == 'pairs' else 'distance'}: the score (numbers: floats carried "
+                 f"from step to step;\nhollow: training loss not flat at the end)", fontsize=9)
+    bx.set_title("the pairs held: accuracy on stored keys x the pairs", fontsize=9)
+    bx.legend(frameon=False, fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     return _save(fig, path)
 

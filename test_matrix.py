@@ -210,11 +210,13 @@ def test_state_sizes_by_hand():
 
 def test_the_sweep_figure_is_drawn_with_a_family_sitting_out(tmp_path):
     import plots
-    rows = [dict(family="lstm", point=f"pairs{p}", score=s, flat=c, state_floats=256)
-            for p, s, c in ((4, 0.99, True), (8, 0.7, False))]
+    rows = [dict(family="lstm", point=f"pairs{p}", score=s, flat=c, state_floats=256, pairs=p, answered=a)
+            for p, s, c, a in ((4, 0.99, True, 4.0), (8, 0.7, False, 5.5))]
     rows.append(dict(family="prefix-mlp", point="pairs8", sits_out="no width"))
-    path = plots.plot_sweep(rows, str(tmp_path / "s.png"), "capacity")
+    path = plots.plot_sweep(rows, str(tmp_path / "s.png"), "capacity", {"pairs4": 1.2, "pairs8": 1.6})
     assert os.path.exists(path)
+    filler = [dict(r, point=r["point"].replace("pairs", "filler"), pairs=8) for r in rows]
+    assert os.path.exists(plots.plot_sweep(filler, str(tmp_path / "f.png"), "filler", {"filler4": 1.6, "filler8": 1.6}))
 
 
 def test_learning_curves_read_each_cells_log(tmp_path):
@@ -351,3 +353,36 @@ def test_row_labels_and_the_primitives_figure_with_a_depth_row_that_is_the_prese
     path = plots.plot_primitives(rows, str(tmp_path / "p.png"), 0.95, 0.5, matrix.PRIMITIVE, {"recall": 0.44},
                                  {"recall": 2, "bijection": 3})
     assert os.path.exists(path)
+
+
+def test_the_pairs_answered_and_the_shortcuts_by_hand():
+    """Accuracy 0.208 on stored keys at 8 pairs: 1.664 pairs answered (not the score, not x the 4 queries).
+    One stored pair and one query a sequence: the shortcut (the stored values in their proportions) puts all
+    its mass on the one stored value, so it answers every stored query: 1 pair of 1 (over every answer, the
+    unstored ones included, its accuracy would be about half)."""
+    assert matrix.pairs_answered(0.208, 8) == pytest.approx(1.664)
+    one = ["--pairs", "1", "--queries", "1", "--recall-curriculum", ""]
+    assert matrix.sweep_shortcuts([dict(task="recall", point="pairs1", flags=one)], seqs=50) == {"pairs1": 1.0}
+
+
+def test_a_sweeps_rows_from_its_cells(tmp_path):
+    """A finished LSTM cell at 8 pairs (KL 0.5 of the prior's 2.0: score 0.75; stored accuracy 0.25: 2 pairs
+    of 8; h and c of 2 layers of 64: 256 floats; a constant training loss: flat) and one that sat out."""
+    import dataclasses
+    cfg = models.make_config("lstm", vocab_size=68, n_classes=32, max_len=48, d_model=64, n_layers=2)
+    cells_ = [c for c in matrix.sweep_cells("capacity") if c["point"] == "pairs8" and c["family"] in ("lstm", "ssm")]
+    lstm = next(c for c in cells_ if c["family"] == "lstm")
+    os.makedirs(tmp_path / lstm["name"])
+    with open(tmp_path / lstm["name"] / "log.csv", "w") as f:
+        f.write("step,loss_bits,bayes_loss_bits,lr,grad_norm,seconds\n")
+        f.writelines(f"{i + 1},1.5,1.0,0.001,1.0,{i}\n" for i in range(40))
+    results = {lstm["name"]: dict(params=108_578, steps=40, kl_bits=0.5, prior_kl_bits=2.0, settings=dict(pairs=8),
+                                  groups=dict(stored=dict(accuracy=0.25)), config=dataclasses.asdict(cfg)),
+               "recall-ssm-pairs8-s0": dict(sits_out="no width")}
+    rows = matrix.sweep_table(results, cells_, str(tmp_path))
+    got = {r["family"]: r for r in rows}
+    assert got["lstm"]["score"] == pytest.approx(0.75) and got["lstm"]["answered"] == pytest.approx(2.0)
+    assert got["lstm"]["state_floats"] == 256 and got["lstm"]["flat"] and got["lstm"]["pairs"] == 8
+    assert got["ssm"]["sits_out"] == "no width"
+    text = "\n".join(matrix.sweep_lines(rows))
+    assert "2.0 of 8" in text and "sits out: no width" in text
