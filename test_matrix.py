@@ -359,10 +359,15 @@ def test_the_pairs_answered_and_the_shortcuts_by_hand():
     """Accuracy 0.208 on stored keys at 8 pairs: 1.664 pairs answered (not the score, not x the 4 queries).
     One stored pair and one query a sequence: the shortcut (the stored values in their proportions) puts all
     its mass on the one stored value, so it answers every stored query: 1 pair of 1 (over every answer, the
-    unstored ones included, its accuracy would be about half)."""
+    unstored ones included, its accuracy would be about half). Two pairs of two values: the same value twice
+    (probability 1/2) is answered; two different ones leave the shortcut at 1/2 each, right half the time:
+    accuracy 3/4, 1.5 pairs of 2 in expectation (2,000 sequences: a standard error near 0.02)."""
     assert matrix.pairs_answered(0.208, 8) == pytest.approx(1.664)
     one = ["--pairs", "1", "--queries", "1", "--recall-curriculum", ""]
-    assert matrix.sweep_shortcuts([dict(task="recall", point="pairs1", flags=one)], seqs=50) == {"pairs1": 1.0}
+    two = ["--pairs", "2", "--keys", "4", "--values", "2", "--queries", "1", "--recall-curriculum", ""]
+    got = matrix.sweep_shortcuts([dict(task="recall", point="pairs1", flags=one),
+                                  dict(task="recall", point="pairs2", flags=two)], seqs=2000)
+    assert got["pairs1"] == 1.0 and got["pairs2"] == pytest.approx(1.5, abs=0.08)
 
 
 def test_a_sweeps_rows_from_its_cells(tmp_path):
