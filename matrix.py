@@ -488,7 +488,7 @@ def sweep_shortcuts(cells_, seqs=FLOOR_SEQS):
 
 def sweep_lines(rows):
     head = (f"{'family':<12}{'point':<10}{'params':>9}{'steps':>7}{'KL (bits)':>11}{'score':>8}{'stored acc.':>12}"
-            f"{'answered':>10}  {'state':>9}  flat")
+            f"{'answered':>12}  {'state':>9}  flat")
     out = [head, "-" * len(head)]
     for r in rows:
         if "sits_out" in r or "failed" in r:
@@ -498,7 +498,7 @@ def sweep_lines(rows):
         acc = "" if r["stored_accuracy"] is None else f"{r['stored_accuracy']:.3f}"
         answered = "" if r.get("answered") is None else f"{r['answered']:.1f} of {r['pairs']}"
         out.append(f"{r['family']:<12}{r['point']:<10}{r['params']:>9,}{r['steps']:>7}{r['kl']:>11.4g}{r['score']:>8.3f}"
-                   f"{acc:>12}{answered:>10}  {r['state_floats'] if r['state_floats'] is not None else 'n/a':>9}  "
+                   f"{acc:>12}{answered:>12}  {r['state_floats'] if r['state_floats'] is not None else 'n/a':>9}  "
                    f"{'yes' if r['flat'] else 'no (unconverged)'}")
     return out
 
@@ -536,11 +536,14 @@ def main(argv_=None):
         out = a.out or os.path.join("runs", f"sweep-{a.sweep}")
         todo = sweep_cells(a.sweep, tuple(a.seeds or (0,)))
         rows = sweep_table(run("default", out, jobs=a.jobs, todo=todo), todo, out)
+        shortcut = sweep_shortcuts(todo)
         with open(os.path.join(out, f"sweep-{a.sweep}.json"), "w") as f:
-            json.dump(dict(sweep=a.sweep, flat=FLAT, rows=rows), f, indent=1)
+            json.dump(dict(sweep=a.sweep, flat=FLAT, rows=rows, shortcut_answered=shortcut), f, indent=1)
         print("\n".join(sweep_lines(rows)))
+        print("the shortcut (the stored values without their keys) answers " + ", ".join(
+            f"{p} {n:.1f}" for p, n in shortcut.items()) + f" stored pairs ({FLOOR_SEQS:,} held-out sequences)")
         os.makedirs(a.figures, exist_ok=True)
-        print(plots.plot_sweep(rows, os.path.join(a.figures, f"recall-{a.sweep}.png"), a.sweep))
+        print(plots.plot_sweep(rows, os.path.join(a.figures, f"recall-{a.sweep}.png"), a.sweep, shortcut))
         return
     out = a.out or os.path.join("runs", "matrix" + ("-quick" if a.preset == "quick" else ""))
     results = run(a.preset, out, a.seeds, a.jobs)
