@@ -468,8 +468,9 @@ def sweep_table(results, cells_, out):
 
 def pairs_answered(stored_accuracy, pairs):
     """The stored pairs a model answers, as if each were asked once: its accuracy on stored keys x the pairs.
-    A model that binds them all answers every pair; the shortcut without binding (a stored value, not its
-    key's) about one, whatever the pairs."""
+    An expected count, not the distinct pairs held. A model that binds them all answers every pair; the
+    shortcut without binding (the commonest stored value, not its key's) a few, more as values repeat
+    (sweep_shortcuts: about 1.2 of 4 and 5.9 of 64 at 32 values)."""
     return stored_accuracy * pairs
 
 
