@@ -26,7 +26,7 @@ accuracy of the model's argmax.
 
 import numpy as np
 
-import windtunnels as wt
+from tunnels import windtunnels as wt
 
 CONFIDENT, IMPLAUSIBLE = 0.5, 0.05  # hallucinated: more than half the mass on an answer the posterior gives < 5%
 DOUBT_BITS = 1.0                    # honest doubt: at least a coin flip's entropy where the posterior is certain

@@ -37,9 +37,9 @@ import numpy as np  # noqa: E402
 
 import bayesattn as ba  # noqa: E402
 import layers as ly  # noqa: E402
-import measures as ms  # noqa: E402
-import tasks  # noqa: E402
-import windtunnels as wt  # noqa: E402
+from geometry import measures as ms  # noqa: E402
+from tunnels import tasks  # noqa: E402
+from tunnels import windtunnels as wt  # noqa: E402
 from evaluation import answers, calibration as _calibration  # noqa: E402
 
 PROBE_SEED = 2_000_003      # held-out stream of the probes (training draws default_rng((seed, step)))
@@ -194,7 +194,7 @@ AUTHORS_NUMBERS = {   # what the authors report, for the side-by-side table
 
 def task_of(cfg, meta):
     """-> the task of a checkpoint, from its meta (older checkpoints: from the vocabulary)."""
-    import hmm
+    from tunnels import hmm
     task = meta.get("task") or ("hmm" if cfg.vocab_size == hmm.VOCAB else "bijection")
     if task not in tasks.TASKS or meta.get("replacement"):
         raise ValueError(f"task {task!r}{' with replacement' if meta.get('replacement') else ''}: the geometry "

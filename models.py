@@ -46,10 +46,10 @@ import layers as ly
 
 FAMILIES = {
     "transformer": "bayesattn",
-    "mlp": ("mlp_baseline", {"inputs": "token"}),          # the authors' MLP: one token and its position
-    "prefix-mlp": ("mlp_baseline", {"inputs": "prefix"}),  # an MLP that sees the whole prefix
-    "lstm": "lstm",
-    "ssm": "mamba",                                        # the selective state-space model (Mamba)
+    "mlp": ("families.mlp_baseline", {"inputs": "token"}),          # the authors' MLP: one token and its position
+    "prefix-mlp": ("families.mlp_baseline", {"inputs": "prefix"}),  # an MLP that sees the whole prefix
+    "lstm": "families.lstm",
+    "ssm": "families.mamba",                                        # the selective state-space model (Mamba)
 }
 SHARED_FIELDS = ("vocab_size", "n_classes", "max_len", "d_model", "n_layers", "dtype")
 DEFAULT_ACTIVATIONS = 16    # the default memory estimate: activations of (B, T, d_model) held per layer
