@@ -27,7 +27,7 @@ and, where it has them (a documented default applies where it does not):
                                                task's optimisation it sets otherwise (its own tuned lr,
                                                init), over the task's; a task or preset it does not
                                                name: its Config's defaults and the task's optimisation
-    PROBES = True                              geometry.py's probes apply (they read attention)
+    PROBES = True                              geometry/run.py's probes apply (they read attention)
     TWINS = "module name"                      the module of the family's Numba twins, loaded with the family
                                                (it hands them to kernels.add_twins; kernels.py says how)
 

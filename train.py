@@ -7,9 +7,9 @@
     python train.py --eval-only runs/bijection-transformer-default/checkpoint.npz
 
 Writes runs/<name>/: checkpoint.npz, metrics.json, log.csv, snapshots/, geometry.json and the figures.
-This file is what runs in which order; its flags, each once in one table and checked once, are flags.py's.
-The families are models.py's, the tasks tasks.py's, the loop training.py's, the numbers evaluation.py's,
-the figures plots.py's.
+This file is what runs in which order; its flags, each once in one table and checked once, are harness/flags.py's.
+The families are models.py's, the tasks tunnels/tasks.py's, the loop training.py's, the numbers evaluation.py's,
+the figures harness/plots.py's.
 """
 
 import os
@@ -152,7 +152,7 @@ def train_model(args, name, cfg, params, opt_state, start, steps, main, bar, cos
 
 def evaluate_run(args, name, params, cfg):
     """Held-out metrics, and on the task's variants (the HMM's longer K) the same under its VARIANTS key;
-    where the task's batches are chains of thought (its chain_layout), the model also runs free (cot.py) and
+    where the task's batches are chains of thought (its chain_layout), the model also runs free (primitives/cot.py) and
     its final answers are scored against the exact posterior given the context alone, under "free_run"."""
     predict = lambda tok: models.predict_proba(name, params, tok, cfg)
     sets = tasks.held_out_sets(args.task, args.settings, args.eval_seqs, args.seed)
@@ -416,7 +416,7 @@ def token_run(args, sizes, cfg):
             print(f"geometry: skipped: {e}")
         else:
             print(f"geometry: {os.path.join(args.out, 'geometry.json')} and {args.figures}/geometry_*.png; the "
-                  f"verdicts (python geometry.py {os.path.join(args.out, 'checkpoint.npz')} prints every number):")
+                  f"verdicts (python -m geometry.run {os.path.join(args.out, 'checkpoint.npz')} prints every number):")
             print("\n".join("  " + line for line in verdicts.lines(g["verdicts"])))
             for probe, why in g.get("skipped_probes", {}).items():
                 print(f"geometry: skipped {probe}: {why}")

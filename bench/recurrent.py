@@ -1,10 +1,10 @@
 """Benchmark of the other families: one training step of the LSTM and of the selective SSM at each preset's
 shape, against the same model in PyTorch on this CPU (PyTorch optional: without it, our step alone).
 
-    python bench_families.py                     # every family and shape below
-    python bench_families.py --shapes hmm-paper --repeats 20
-    python bench_families.py --families lstm     # one family
-    python bench_families.py --quick             # tiny shapes, few repeats: a smoke test
+    python -m bench.recurrent                     # every family and shape below
+    python -m bench.recurrent --shapes hmm-paper --repeats 20
+    python -m bench.recurrent --families lstm     # one family
+    python -m bench.recurrent --quick             # tiny shapes, few repeats: a smoke test
 
 The shapes are the task presets' batches with each family's preset width (its PRESETS: the transformer's
 parameter count); the step is training.train_step on the fast path, as train.py takes it (bench.ours_step).
@@ -22,7 +22,7 @@ Each pair is timed alternately (bench.interleaved); every number is a median wit
 
 import os
 
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as bench.py: BLAS threads fight Numba's
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as bench/transformer.py: BLAS threads fight Numba's
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
 import argparse  # noqa: E402
@@ -188,7 +188,7 @@ def fail(msg):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.recurrent", description=__doc__.split("\n\n")[0])
     p.error = fail
     p.add_argument("--quick", action="store_true", help=f"tiny shapes ({', '.join(QUICK_SHAPES)}), few repeats")
     p.add_argument("--repeats", type=int, help="timed steps per shape (default 20; --quick: 3)")
@@ -202,7 +202,7 @@ def main(argv=None):
     shapes = bench.shape_list(args.shapes, allowed, allowed, fail)
     families = bench.shape_list(args.families, FAMILIES, FAMILIES, fail, "--families")
     torch_version = bench.torch_available()
-    print(f"bench_families.py  {bench.load()}  numba {numba.__version__} ({numba.config.NUMBA_NUM_THREADS} threads)  "
+    print(f"python -m bench.recurrent  {bench.load()}  numba {numba.__version__} ({numba.config.NUMBA_NUM_THREADS} threads)  "
           f"torch {torch_version or 'absent'} ({bench.THREADS} threads)  repeats {repeats}")
     with kernels.enabled():                                # the fast path, as train.py runs
         ratios = run(shapes, repeats, 1 if args.quick else 3, torch_version, families)

@@ -1,11 +1,11 @@
 """Benchmark: one training step of bayesattn against the same transformer in PyTorch.
 
-    python bench.py                          # the three training shapes; PyTorch too if it is installed
-    python bench.py --quick                  # tiny shapes, few repeats: a smoke test
-    python bench.py --shapes hmm-paper --repeats 60
-    python bench.py --shapes bij-b256         # the earlier bijection paper preset (batch 256)
-    python bench.py --tricks                 # what each speed trick of kernels.py buys, per shape
-    python bench.py --sgemm                  # only the machine's one-thread sgemm (seconds): scale the documents' times
+    python -m bench.transformer                          # the three training shapes; PyTorch too if it is installed
+    python -m bench.transformer --quick                  # tiny shapes, few repeats: a smoke test
+    python -m bench.transformer --shapes hmm-paper --repeats 60
+    python -m bench.transformer --shapes bij-b256         # the earlier bijection paper preset (batch 256)
+    python -m bench.transformer --tricks                 # what each speed trick of kernels.py buys, per shape
+    python -m bench.transformer --sgemm                  # only the machine's one-thread sgemm (seconds): scale the documents' times
 
 A step is training.train_step, the step train.py takes (models.loss_and_grads, clip_grad_norm, adamw_step),
 on the fast path (inside `with kernels.enabled():`). PyTorch gets the same float32 parameters, batch, shapes and thread count
@@ -21,7 +21,7 @@ machine; the step's layer products (its matmul and matmul_tn calls, recorded and
 and what half the sgemm rate would leave for the rest of the step; Numba compile time (fresh cache
 against cached); peak resident memory of a training loop.
 The last line is `worst ratio ours/torch: R` (R = nan without PyTorch). The other families (LSTM, SSM) against
-PyTorch: bench_families.py.
+PyTorch: bench/recurrent.py.
 """
 
 import os
@@ -385,14 +385,14 @@ def memory_child(name, steps):
 
 
 def peak_rss_mib(name, steps):
-    return float(child(f"import bench; bench.memory_child({name!r}, {steps})"))
+    return float(child(f"from bench import transformer; transformer.memory_child({name!r}, {steps})"))
 
 
 # ----------------------------------------------------------------------------
 # command line
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.transformer", description=__doc__.split("\n\n")[0])
     p.error = fail
     p.add_argument("--quick", action="store_true", help=f"tiny shapes ({', '.join(QUICK)}), few repeats")
     p.add_argument("--repeats", type=int, help="timed steps per shape (default 40; --quick: 5)")
@@ -423,7 +423,8 @@ def shape_list(text, allowed, default, fail, flag="--shapes"):
 
 
 TRICKS = """
-import sys, numpy as np, bench, kernels
+import sys, numpy as np, kernels
+from bench import transformer as bench
 cfg, params, batch = bench.setup({name!r})
 step = bench.ours_step(cfg, params, batch)
 with kernels.enabled():
@@ -474,7 +475,7 @@ def bench(args):
               f"GFLOP/s  ({load()})")
         return
     if args.tricks:
-        print(f"bench.py --tricks  {load()}  numba {numba.__version__} ({numba.config.NUMBA_NUM_THREADS} threads)  "
+        print(f"python -m bench.transformer --tricks  {load()}  numba {numba.__version__} ({numba.config.NUMBA_NUM_THREADS} threads)  "
               f"repeats {args.repeats}; median ms of one training step, each variant in a fresh process")
         for name in args.shapes:
             t = tricks(name, args.repeats)
@@ -488,7 +489,7 @@ def bench(args):
     rss_load = load()
     torch_version = torch_available()
     warmup = 2 if args.quick else 5
-    print(f"bench.py  {load()}  numpy {np.__version__}  numba {numba.__version__} "
+    print(f"python -m bench.transformer  {load()}  numpy {np.__version__}  numba {numba.__version__} "
           f"({numba.config.NUMBA_NUM_THREADS} threads)  torch {torch_version or 'absent'} "
           f"({THREADS} threads)  OPENBLAS_NUM_THREADS={os.environ['OPENBLAS_NUM_THREADS']}  "
           f"repeats {args.repeats}")

@@ -1,7 +1,7 @@
-"""dynamics: Paper II's gradient dynamics on the sticky Markov chain (sticky.py), the experiments.
+"""dynamics: Paper II's gradient dynamics on the sticky Markov chain (tunnels/sticky.py), the experiments.
 
-The model and its optimisers are onehead.py; every experiment trains through the project's one loop,
-training.train, and runs from the one command line, `python train.py --task sticky [--compare-em |
+The model and its optimisers are dynamics/onehead.py; every experiment trains through the project's one loop,
+training.train, and runs from the one command line, `python -m dynamics.run [--compare-em |
 --deep]`. Here: the steps of each arm with the two-timescale quantities logged, the exact Bayes
 references, and the experiments of Paper II and past it:
     compare_em      SGD against the EM-like schedule (W_V stepped 10x faster) and a true M-step,

@@ -1,4 +1,4 @@
-"""onehead: Paper II's single attention head on the sticky Markov chain (sticky.py), and its optimisers.
+"""onehead: Paper II's single attention head on the sticky Markov chain (tunnels/sticky.py), and its optimisers.
 
 The model is the paper's single causal attention head: no MLP, no residual, no biases.
     q = x W_Q,  k = x W_K,  v = x W_V                x (T, d_x): d_x = 20, d_k = 10, d_v = 15
@@ -13,7 +13,7 @@ ops (bayesattn.attention_forward and attention_backward, whose Numba twins run i
     dq_i = sum_j ds_ij k_j / sqrt(d_k),  dk_j = sum_i ds_ij q_i / sqrt(d_k)
 and then dW_Q = x^T dq, dW_K = x^T dk, dW_V = x^T dv, dW_O = o^T dlogits.
 
-Experiments (Paper II, section on the sticky chain, and past it; dynamics.py runs them):
+Experiments (Paper II, section on the sticky chain, and past it; dynamics/experiments.py runs them):
     SGD       all four weights, plain SGD, lr 0.01
     EM-like   the same gradient, but W_V stepped with lr 0.1 (10x)
     M-step    with alpha fixed the model is multinomial logistic regression on h_i = sum_j alpha_ij x_j

@@ -1,5 +1,5 @@
-"""plots_dynamics: Paper II's figures on the sticky chain (dynamics.py): SGD against the EM-like schedule, the
-two timescales, the deep variant; plots.py has the training runs' figures."""
+"""plots_dynamics: Paper II's figures on the sticky chain (dynamics/experiments.py): SGD against the EM-like schedule, the
+two timescales, the deep variant; harness/plots.py has the training runs' figures."""
 
 import math
 

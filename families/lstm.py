@@ -65,7 +65,7 @@ TWINS = "families.lstm_twins"    # the module of this family's Numba twins (mode
 
 # sizes: the Config's 2 layers, the width that gives the transformer's parameter count in each task's
 # default and paper presets (within 5%: --params); the quick presets take the Config's width. Optimisation:
-# the learning rate and initialisation of its sweep (RESULTS.md, "The sweep and its rule": the lowest held-out
+# the learning rate and initialisation of its sweep (families/README.md, "The sweep and its rule": the lowest held-out
 # KL of 3 rates x 2 initialisations; the bijection takes the sawtooth's, and so, not yet swept, does the
 # recall, the other lookup), over the task's own
 TUNED = {"bijection": dict(lr=1e-2, init="fan-in"), "sawtooth": dict(lr=1e-2, init="fan-in"),

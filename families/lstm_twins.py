@@ -1,4 +1,4 @@
-"""lstm_twins: the fast twins of lstm.py's recurrence, same names, same signatures, the same cache.
+"""lstm_twins: the fast twins of families/lstm.py's recurrence, same names, same signatures, the same cache.
 
 lstm.lstm_forward / lstm_backward loop the step in NumPy, one small product and a dozen elementwise ops per
 time step. The twins take the input half of the gate product out of the loop (x W_x for every t in one
@@ -7,7 +7,7 @@ in the backward collect every step's gate gradient da_t first, so that dx, dW an
     a_t = x_t W_x + h_{t-1} W_h + b,   W = [W_x; W_h]            (the step's one product, split by rows)
     dW = [x, h_prev]^T da,   dx = da W_x^T,   dh_{t-1} += da_t W_h^T   (summed over t by the products)
 Each twin returns what its NumPy op returns (lstm_forward's cache: the step caches in time order), so the two
-paths can be swapped at any op; test_lstm_mamba.py checks each pair in float32 and float64. The Numba
+paths can be swapped at any op; tests/test_lstm_mamba.py checks each pair in float32 and float64. The Numba
 conventions are kernels.py's.
 """
 

@@ -66,8 +66,8 @@ TWINS = "families.mamba_twins"   # the module of this family's Numba twins (mode
 
 # sizes: the Config's 2 blocks, the width that gives the transformer's parameter count in each task's
 # default and paper presets (within 5%: --params); the quick presets take the Config's width. Optimisation:
-# the learning rate and initialisation of its sweep (RESULTS.md, "The sweep and its rule": the lowest held-out
-# KL of 3 rates x 2 initialisations; the bijection takes the sawtooth's; recall's from its own sweep, RESULTS.md
+# the learning rate and initialisation of its sweep (families/README.md, "The sweep and its rule": the lowest held-out
+# KL of 3 rates x 2 initialisations; the bijection takes the sawtooth's; recall's from its own sweep, primitives/README.md
 # "The recurrent families' rate on recall": 3e-3 with gpt2 closed 82% of the gap on the seed it was chosen
 # on, where the sawtooth's pair closed 20%; 25% on the next seed), over the task's own
 TUNED = {"bijection": dict(lr=1e-2, init="fan-in"), "sawtooth": dict(lr=1e-2, init="fan-in"),

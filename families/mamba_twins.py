@@ -1,14 +1,14 @@
-"""mamba_twins: the fast twins of mamba.py's selective scan and of the SiLU and softplus around it, same names,
+"""mamba_twins: the fast twins of families/mamba.py's selective scan and of the SiLU and softplus around it, same names,
 same signatures, the same cache.
 
 mamba.selective_scan_forward / _backward loop over time in NumPy, allocating (B, D, N) arrays at every step.
 The twins run the same recurrences as loops over (t, d, n), one sequence of the batch per parallel iteration
 (each owns its states, y, dx, ddt, dB and dC; dA, a sum over the batch, goes into a partial per sequence that
-the wrapper adds up). The equations are mamba.py's, line for line:
+the wrapper adds up). The equations are families/mamba.py's, line for line:
     forward   h_t = a_t h_{t-1} + dt_t x_t B_t,  a_t = exp(dt_t A);   y_t = C_t . h_t + Dskip x_t
     backward  g_t = dy_t C_t + a_{t+1} g_{t+1};  dB_t, dC_t, dx_t, ddt_t, dA from g_t, h_t, h_{t-1}
 SiLU forward and backward and the softplus's backward (a sigmoid) are one loop each. The Numba conventions
-are kernels.py's; test_lstm_mamba.py checks each twin against its NumPy op in float32
+are kernels.py's; tests/test_lstm_mamba.py checks each twin against its NumPy op in float32
 and float64.
 """
 

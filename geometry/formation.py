@@ -7,7 +7,7 @@ the calibration (the precision) keeps improving. Two readings of it:
              change per step stays below SETTLE_FRACTION x its maximum;
   authors'   the frame subspace of each snapshot against its final version (projection overlap as a
              multiple of a random subspace's), against the calibration.
-What a snapshot is measured with (attention, calibration, the frame) is passed in by geometry.py.
+What a snapshot is measured with (attention, calibration, the frame) is passed in by geometry/run.py.
 """
 
 import glob

@@ -2,7 +2,7 @@
 the Welch bound, the participation ratio, PCA, rank and linear correlations, in-sample and held-out
 R^2 (ridge readouts cross-validated by sequence), k-means, normalised mutual information and the share of
 variance between groups, and which entries dominate a statistic. manifold.py's
-DEFINITIONS says how each probe uses them; test_manifold.py checks them on cases computed by hand.
+DEFINITIONS says how each probe uses them; tests/test_manifold.py checks them on cases computed by hand.
 """
 
 import os

@@ -1,5 +1,5 @@
-"""plots_geometry: the figures of the geometry probes (geometry.py), each drawing the controls that decide its
-claim and printing the verdict of the same probes; plots.py has the training runs' figures, plots_dynamics.py
+"""plots_geometry: the figures of the geometry probes (geometry/run.py), each drawing the controls that decide its
+claim and printing the verdict of the same probes; harness/plots.py has the training runs' figures, dynamics/plots_dynamics.py
 Paper II's."""
 
 import numpy as np

@@ -1,8 +1,8 @@
-"""The geometry of one trained checkpoint: runs the probes of manifold.py (and formation.py's probe 6 over
+"""The geometry of one trained checkpoint: runs the probes of manifold.py (and geometry/formation.py's probe 6 over
 the run's snapshots), writes every number with its definition into runs/<name>/geometry.json and the figures
 runs/<name>/geometry_<name>_*.png, and prints a summary.
 
-    python geometry.py runs/<name>/checkpoint.npz [--figures DIR] [--n-seqs 500] [--seed 0]
+    python -m geometry.run runs/<name>/checkpoint.npz [--figures DIR] [--n-seqs 500] [--seed 0]
 
 `analyze(checkpoint_path, fig_dir, n_seqs, seed) -> dict` does the same from Python (train.py calls it
 after training).
@@ -287,7 +287,7 @@ def summary(g):
 
 
 def print_combined(paths, fail):
-    """geometry.py --combine: each claim's verdict over the seeds (verdicts.combine), each seed's beside it."""
+    """geometry/run.py --combine: each claim's verdict over the seeds (verdicts.combine), each seed's beside it."""
     import json
     gs = []
     for path in paths:
@@ -301,9 +301,9 @@ def print_combined(paths, fail):
     try:
         combined = verdicts.combine(gs)
     except (ValueError, KeyError) as e:
-        fail(str(e) if isinstance(e, ValueError) else f"a geometry.json lacks {e}: re-run geometry.py on its checkpoint")
+        fail(str(e) if isinstance(e, ValueError) else f"a geometry.json lacks {e}: re-run python -m geometry.run on its checkpoint")
     print(f"{len(gs)} runs of one command ({gs[0]['task']}, step {gs[0]['step']}), seeds "
-          f"{', '.join(str(g['train_seed']) for g in gs)}; the rules: geometry.py --definitions")
+          f"{', '.join(str(g['train_seed']) for g in gs)}; the rules: python -m geometry.run --definitions")
     for claim, c in combined.items():
         print(f"{claim}: {c['outcome']} ({c['agreement']})")
         for seed, v in c["per_seed"].items():
@@ -313,7 +313,7 @@ def print_combined(paths, fail):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m geometry.run", description=__doc__.split("\n\n")[0])
 
     def fail(msg):                                   # one clear line, exit code 2, no usage dump
         print(f"python -m geometry.run: error: {msg}", file=sys.stderr)
@@ -359,13 +359,13 @@ def main(argv=None):
     if problem:
         p.error(f"--figures {args.figures!r} {problem}")
     try:                                             # its run directory: one owner at a time
-        runs.take(run_dir, f"checkpoint {args.checkpoint!r}: its run directory", "geometry.py " + " ".join(
+        runs.take(run_dir, f"checkpoint {args.checkpoint!r}: its run directory", "python -m geometry.run " + " ".join(
             sys.argv[1:] if argv is None else argv), instead="")
     except runs.Refused as e:
         p.error(str(e))
     import kernels
     try:
-        with kernels.enabled():                      # the fast path (its numbers: USAGE.md says how close)
+        with kernels.enabled():                      # the fast path (its numbers: docs/USAGE.md says how close)
             g = analyze(args.checkpoint, args.figures, args.n_seqs, args.seed)
     except ValueError as e:
         p.error(str(e))

@@ -5,18 +5,18 @@ A verdict is a dict: the claim, its headline number (what the paper would quote)
 carry that number instead of the claim, the verdict (a sentence), its outcome (one word or two: supported,
 partly, weak, elsewhere, not supported, undecided, marginal, cannot be told, not judged, not measured), the
 margin of the deciding comparison to its threshold, the control that decided it, and the rule (RULES).
-geometry.py calls judge() on what the probes measured and writes each rule beside its verdict.
+geometry/run.py calls judge() on what the probes measured and writes each rule beside its verdict.
 
 When the thresholds were fixed, truthfully: SINK_SHARE, SWAP_INDEPENDENT, SWAP_ALIGNED, SHARP, PC1_SHARE,
 WITHIN_RHO, READOUT_PARTIAL, GAIN and INIT_CARRIES were set (commit d65afdb) after a first review had read
 the same kind of models they judge, and the sharpening rule was revised once after a run was read (commit
 c5785ed: a sink no longer vetoes an aligned layer). CALIBRATED, NOISE_Z, MARGINAL, WEAK_GAIN, READOUT_BEYOND,
 ESSENTIAL, IN_DISTRIBUTION, STILL and the per-head, specificity, stillness and several-seed rules were set for
-issue 27 after a second review had read the earlier runs (RESULTS.md's numbers at that time: e.g. the HMM
+issue 27 after a second review had read the earlier runs (the results' numbers at that time: e.g. the HMM
 default's KL at 48% of a uniform guess's, the first sawtooth preset's at 5%), and committed before the
-two-seed runs RESULTS.md judges with them were probed. None of them was tuned on those runs. The manifold
+two-seed runs geometry/README.md judges with them were probed. None of them was tuned on those runs. The manifold
 rule's two readout comparisons gained their noise (the standard error over the readout's folds) later, with
-no threshold changed, before the runs RESULTS.md now judges were probed again.
+no threshold changed, before the runs geometry/README.md now judges were probed again.
 
 Every comparison with a threshold goes through compare(): within NOISE_Z x the noise of the quantity (the
 spread of the baseline over its seeds, or the standard error over the probe sequences or the readout's
@@ -506,7 +506,7 @@ def combine(gs):
     measured = [list(g["verdicts"]) if "verdicts" in g else None for g in gs]   # a family's own claims (judge)
     if any(m != measured[0] for m in measured):
         raise ValueError(f"the runs judged different claims ({measured[0]} against "
-                         f"{next(m for m in measured if m != measured[0])}): re-run geometry.py on each checkpoint")
+                         f"{next(m for m in measured if m != measured[0])}): re-run geometry/run.py on each checkpoint")
     each = [judge(g, measured[0]) for g in gs]
     out = {}
     for claim in each[0]:                                  # the same task: the same claims measured

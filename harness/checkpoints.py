@@ -154,7 +154,7 @@ def load_checkpoint(path):
 
 
 # what a run's meta may hold, each checked when the checkpoint is read: key -> (test, what is allowed). The
-# task's own settings are checked by the task's flags (tasks.py: FLAGS); other keys are kept as they are.
+# task's own settings are checked by the task's flags (tunnels/tasks.py: FLAGS); other keys are kept as they are.
 _integer = lambda lo, hi=2 ** 63: lambda v: isinstance(v, int) and not isinstance(v, bool) and lo <= v < hi
 _number = lambda ok: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and ok(v)
 _text = lambda v: v is None or isinstance(v, str)

@@ -1,9 +1,9 @@
 """compare: the figures that put finished runs side by side, read from their metrics.json (nothing retrains).
 
-    python compare.py calibration RUN [RUN ...] --out figures/NAME.png [--labels A B ...]
+    python -m harness.compare calibration RUN [RUN ...] --out figures/NAME.png [--labels A B ...]
         each run's entropy by answer index against the exact posterior (Paper I's calibration figure, with
         the families or the MLP beside the transformer); the runs must be of one task and one setting
-    python compare.py variants RUN [RUN ...] --out figures/NAME.png [--labels A B ...]
+    python -m harness.compare variants RUN [RUN ...] --out figures/NAME.png [--labels A B ...]
         each run's KL by answer index on each of its task's held-out variants (the HMM at K = 20, 30, 50:
         Paper I's length-generalisation figure), one colour per run, one line style per variant
 
@@ -49,7 +49,7 @@ def labelled(paths, labels=None):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m harness.compare", description=__doc__.split("\n\n")[0])
     p.error = lambda msg: (print(f"python -m harness.compare: error: {msg}", file=sys.stderr), sys.exit(2))
     p.add_argument("figure", choices=("calibration", "variants"))
     p.add_argument("runs", nargs="+")

@@ -3,7 +3,7 @@ configurations the flags build (the --model family's, the baseline's capacity-ma
 
 parse_args(argv) -> args (bad input: one line on stderr and exit code 2, before anything is written);
 model_config(args, sizes, name) -> the family's Config; baseline_config(name, main_cfg, params). train.py runs
-what they describe; matrix.py reads the sizes a run would get.
+what they describe; primitives/matrix.py reads the sizes a run would get.
 """
 
 import os
@@ -57,7 +57,7 @@ positive = lambda v, a: None if v >= 1 else "must be a positive integer"
 a_name = lambda v, a: runs.name_problem(v)      # a path: not empty, printable, UTF-8
 FLAGS = [
     dict(flag="--task", type=str, default="bijection", choices=lambda a: [*TOKEN, STICKY],
-         help="wind tunnel: " + " | ".join([*TOKEN, STICKY]) + " (Paper II's chain)", run=True),
+         help="wind tunnel: " + " | ".join(TOKEN) + " (Paper II's sticky chain: python -m dynamics.run)", run=True),
     dict(flag="--model", type=str, default="transformer", choices=lambda a: list(models.FAMILIES), where=TOKEN,
          help="model family (models.FAMILIES): " + " | ".join(models.FAMILIES), run=True),
     dict(flag="--baseline", type=str, default="mlp", choices=lambda a: list(models.FAMILIES), where=TOKEN,
@@ -66,7 +66,7 @@ FLAGS = [
     dict(flag="--baseline-steps", type=int, check=positive, where=TOKEN, preset=True, run=True, legacy="any",
          help="the baseline's training steps (default: from the preset, else --steps)"),
     dict(flag="--preset", type=str, default="default", choices=lambda a: presets_of(a), where=(*TOKEN, "sticky:compare-em"),
-         help="the token tasks: quick | default | paper, and first for the sawtooth; --task sticky --compare-em: "
+         help="the token tasks: quick | default | paper, and first for the sawtooth; python -m dynamics.run --compare-em: "
          "default | quick (toy size)"),
     dict(flag="--steps", type=int, check=positive, preset=True, run=True, help="training steps (default: from the preset)"),
     dict(flag="--batch", type=int, check=positive, where=TOKEN, preset=True, run=True, help="sequences per step"),
@@ -115,7 +115,7 @@ FLAGS = [
     dict(flag="--figures", type=str, check=a_name, where=TOKEN, evaluate=True, help="where the figures go (default: "
          "the run directory; --figures figures regenerates the ones the documents show)"),
     dict(flag="--kernels", type=str, default="numba", choices=lambda a: ["numba", "numpy"], evaluate=True,
-         help="numba: the fast twins of kernels.py | numpy: the NumPy ops as written (slower; USAGE.md says how close)"),
+         help="numba: the fast twins of kernels.py | numpy: the NumPy ops as written (slower; docs/USAGE.md says how close)"),
     dict(flag="--eval-only", type=str, check=a_name, where=TOKEN, metavar="CHECKPOINT", evaluate=True,
          help="evaluate a checkpoint, no training (its task, settings and seed from its meta)"),
     dict(flag="--resume", type=bool, where=(*TOKEN, *SOME), help="continue the run in --out from its "
@@ -123,7 +123,7 @@ FLAGS = [
          "progress; sticky --compare-em: from its finished runs)"),
     dict(flag="--overwrite", type=bool, help="replace the run already in --out (its checkpoint, metrics, logs, "
          "snapshots and figures; Paper II's: its JSON and figures) instead of refusing"),
-    dict(flag="--no-geometry", type=bool, where=TOKEN, help="skip the geometry probes (geometry.py) after training"),
+    dict(flag="--no-geometry", type=bool, where=TOKEN, help="skip the geometry probes (geometry/run.py) after training"),
     dict(flag="--compare-em", type=bool, where=(STICKY,), help="sticky: SGD against the EM-like schedule and the true "
          "M-step over 5 seeds"),
     dict(flag="--deep", type=bool, where=(STICKY,), help="sticky: the authors' deep variant (4 pre-LN blocks, AdamW, "
@@ -186,7 +186,7 @@ def parse_args(argv=None):
     """The flags, checked once: one line and exit code 2 for anything wrong; -> args, with the presets, the
     task's settings (args.settings) and the defaults filled in."""
     table = flag_table()
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.error = fail
     for flag, row in table.items():
         if row["type"] is bool:

@@ -1,5 +1,5 @@
 """plots: the figures of training runs and of the matrix, drawn from the numbers the runs computed (the geometry
-probes' figures are plots_geometry.py's, Paper II's plots_dynamics.py's).
+probes' figures are geometry/plots_geometry.py's, Paper II's dynamics/plots_dynamics.py's).
 
 Each function takes what it draws (metrics, probe results, loss curves) and a path, writes one
 PNG there and returns the path. Nothing here computes a reported number.
@@ -43,7 +43,7 @@ def plot_calibration(results, task, label, path):
     ax.set_title(f"{task}: model entropy against the exact posterior")
     if len(results) <= 2:                                    # one row below the panel
         ax.legend(frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=len(results) + 1, fontsize=8)
-    else:                                                    # more runs (compare.py): inside, where the curves fall
+    else:                                                    # more runs (harness/compare.py): inside, where the curves fall
         ax.legend(frameon=False, loc="lower left", fontsize=7)
     err.set_ylabel("|H_model - H_Bayes| (bits)")
     err.set_xlabel(label)

@@ -5,7 +5,7 @@ baseline trained after it: <name>.npz, metrics_<name>.json, log_<name>.csv; and 
 figures named after the run (<run>_*.png, geometry_<run>_*.png). Nothing else in the directory is
 ever touched. While a run trains it holds the directory's lock, .lock: a second run into the same
 directory is refused while the first is alive. Every command that writes into a run directory (train.py's
-runs, --eval-only and Paper II's experiments, geometry.py) takes it through `take`, which checks the name,
+runs, --eval-only and Paper II's experiments, geometry/run.py) takes it through `take`, which checks the name,
 that the directory can be written and whether it already holds a finished run, before anything is written.
 """
 

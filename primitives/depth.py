@@ -1,18 +1,18 @@
 """depth: running out of layers, and chain of thought as the way out, measured in the hops wind tunnel.
 
-    python depth.py [--preset quick|default] [--out runs/depth] [--seeds 0 1] [--jobs 2] [--figures figures]
+    python -m primitives.depth [--preset quick|default] [--out runs/depth] [--seeds 0 1] [--jobs 2] [--figures figures]
                     [--max-hops 4]
 
 The papers close with a claim: a task that needs more steps of inference than the network has layers
 cannot be finished in one pass (the network "runs out of layers"), and chain of thought extends the
-depth, in short confident steps, without hallucinating. hops.py draws a chain of h lookups through a
+depth, in short confident steps, without hallucinating. tunnels/hops.py draws a chain of h lookups through a
 permutation whose exact posterior is known at every hop; every run draws h from 1 to --max-hops, and
 its answer groups h=1, h=2, ... score each h apart.
 
 The cells are ordinary train.py runs through matrix.run (a finished one is skipped, an interrupted one
 resumes): the transformer at DEPTHS layers of the hops preset's width, direct and with --cot, and the
 other recurrent families (LSTM, SSM) at the preset transformer's parameter count, direct and with
---cot. A chain-of-thought cell is judged on the final answers it reaches running free (cot.py: its own
+--cot. A chain-of-thought cell is judged on the final answers it reaches running free (primitives/cot.py: its own
 hops, the free-running distribution against the exact posterior given the context alone), not on its
 teacher-forced hops.
 
@@ -35,11 +35,11 @@ The rules, fixed here before the first run they judge (tests exercise every bran
     direct reach of each short depth, the share hallucinated (evaluation: over half its mass on an answer
     the posterior gives under 5%), with a Wilson interval at two standard errors per short depth and seed
     (a seed's answers share one model, so they are not pooled with another's): supported when claim 2 is
-    and in every depth and seed the interval's upper end, on the upper bound of the share (cot.py: the
+    and in every depth and seed the interval's upper end, on the upper bound of the share (primitives/cot.py: the
     mass the free run dropped put on an implausible answer), is below CEILING; not supported when in every
     depth and seed its lower end, on the share itself, is above CEILING; else, or when no depth is short,
     undecided. The direct model's share on the same h is reported beside it, pooled. (Amended after the
-    first two probe runs and before any depth.py run: the rule first asked the chain of thought to
+    first two probe runs and before any primitives/depth.py run: the rule first asked the chain of thought to
     hallucinate less than the direct model, which a direct model that is honestly unsure, as the probe's
     was, makes impossible; after a referee's read, before any run: Wilson intervals, the upper bound, short
     depths only; after a second referee's read, after the matched budget's runs, whose short depths were
@@ -376,7 +376,7 @@ def lines(rows, claims, max_hops):
 
 
 def main(argv_=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m primitives.depth", description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", choices=("quick", "default"), default="default")
     p.add_argument("--out", default=None, help="the cells' directory (default runs/depth[-quick])")
     p.add_argument("--seeds", type=int, nargs="+", default=None, help="default: the preset's (quick 0; default 0 1)")

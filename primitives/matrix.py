@@ -1,8 +1,8 @@
 """matrix: every registered family on every token wind tunnel, at matched parameter counts and budgets, scored
 the same way on every task: the revised Paper I's table of Bayesian primitives against architectures, measured.
 
-    python matrix.py [--preset quick|default] [--out runs/matrix] [--seeds 0 1] [--jobs 2] [--figures DIR] [--confirm]
-    python matrix.py --sweep capacity|filler     the recall sweeps (below)
+    python -m primitives.matrix [--preset quick|default] [--out runs/matrix] [--seeds 0 1] [--jobs 2] [--figures DIR] [--confirm]
+    python -m primitives.matrix --sweep capacity|filler     the recall sweeps (below)
 
 Each cell is an ordinary run of train.py (so there is one training loop) in OUT/<task>-<family>[-L<layers>]-s<seed>
 with its metrics.json: a finished cell is skipped, an interrupted one resumes (--resume), so the command can
@@ -49,7 +49,7 @@ SHORTCUT_MARGIN = 0.01              # first two only above the task's shortcut's
 FLOOR_SEQS = 1000                   # held-out sequences the shortcut's score is measured on
 DEPTHS = (1, 2, 4)                  # the transformer's depth rows (the default preset)
 PRESETS = {"quick": dict(seeds=(0,), depth=False), "default": dict(seeds=(0, 1), depth=True)}
-SOFT = ("hmm",)                     # tasks trained on soft targets (as every HMM row in RESULTS.md)
+SOFT = ("hmm",)                     # tasks trained on soft targets (as every HMM row in tunnels/README.md)
 # what each task exercises, and the authors' hand-drawn figure (revised Paper I): accumulation is the
 # bijection, transport HMM filtering, binding associative recall; the sawtooth's repeated keys need a lookup
 # (close to binding) and are not in their figure; nor is the prefix MLP (their text: "MLPs realize none")
@@ -520,7 +520,7 @@ def lines(rows):
 
 
 def main(argv_=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python -m primitives.matrix", description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", choices=list(PRESETS), default="default")
     p.add_argument("--out", default=None, help="the cells' directory (default runs/matrix[-quick])")
     p.add_argument("--seeds", type=int, nargs="+", default=None, help="default: the preset's (quick 0; default 0 1)")

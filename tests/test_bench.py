@@ -1,4 +1,4 @@
-"""Smoke tests of bench.py: `--quick` runs end to end in under a minute, bad arguments fail in one line."""
+"""Smoke tests of bench/transformer.py: `--quick` runs end to end in under a minute, bad arguments fail in one line."""
 
 import os
 import re
@@ -35,7 +35,7 @@ def test_quick_runs_and_ends_with_the_worst_ratio():
     assert [int(m.group(1)) for m in products] == [21, 21]         # 18 per layer + 3 for the unembedding
     assert sum(line.startswith("an almost empty parallel loop: ") for line in lines) == 1
     assert sum("(1 thread " in line for line in lines) == 2 * 9                # each kernel, each shape
-    print(f"bench.py --quick took {seconds:.0f} s")    # informative only: CI's cores are shared
+    print(f"bench/transformer.py --quick took {seconds:.0f} s")    # informative only: CI's cores are shared
 
 
 @pytest.mark.parametrize("args", [["--repeats", "0"], ["--repeats", "many"], ["--shapes", "bij-default,nope"],
@@ -106,7 +106,7 @@ def test_main_leaves_the_switch_as_it_found_it(monkeypatch):
 
 
 def test_sgemm_alone_prints_one_line_in_gflops():
-    """`python bench.py --sgemm`: the one number the documents' times are scaled by, in one line."""
+    """`python -m bench.transformer --sgemm`: the one number the documents' times are scaled by, in one line."""
     out = run_bench("--sgemm")
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.strip().splitlines()
@@ -115,7 +115,7 @@ def test_sgemm_alone_prints_one_line_in_gflops():
 
 
 def test_the_families_bench_builds_the_same_models_in_pytorch():
-    """bench_families.py: at a tiny shape, PyTorch's LSTM (nn.LSTM with our gate matrix split) and SSM (the
+    """bench/recurrent.py: at a tiny shape, PyTorch's LSTM (nn.LSTM with our gate matrix split) and SSM (the
     scan as a loop and chunked) give our loss at the initial parameters; without PyTorch, our step alone."""
     import numpy as np
     from bench import recurrent as bf

@@ -1,4 +1,4 @@
-"""compare.py: finished runs side by side, read from their metrics.json."""
+"""harness/compare.py: finished runs side by side, read from their metrics.json."""
 import json
 import os
 

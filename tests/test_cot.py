@@ -37,7 +37,7 @@ def oracle(V, H, m):
 
 def hand_batch():
     """V = 4, shown 0 -> 1 and 1 -> 2, hidden 2 -> ? and 3 -> ? (hidden values 0, 3), x = 0, h = 4, the true f
-    sending 2 -> 3 -> 0. Exact final posterior (1/2 on 0, 1/2 on 1), test_hops.py."""
+    sending 2 -> 3 -> 0. Exact final posterior (1/2 on 0, 1/2 on 1), tests/test_hops.py."""
     V, H = 4, 4
     H1, Q, FILL, UNSEEN = hops.tokens_of(V, H)
     tokens = np.array([[2, UNSEEN, 0, 4 + 1, 3, UNSEEN, 1, 4 + 2, Q, H1 + 3, 0, 1, 2, 3, FILL]])

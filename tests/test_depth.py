@@ -1,4 +1,4 @@
-"""depth.py's rules, every branch, on hand-made runs."""
+"""primitives/depth.py's rules, every branch, on hand-made runs."""
 
 import os
 

@@ -1,4 +1,4 @@
-"""Tests for onehead.py, dynamics.py and sticky.py's Paper II setting, and `python train.py --task sticky`:
+"""Tests for dynamics/onehead.py, dynamics/experiments.py and tunnels/sticky.py's Paper II setting, and `python -m dynamics.run`:
 the one-head model's gradients on both sides of the twin switch, the three optimisers, the experiments,
 and the command line.
 

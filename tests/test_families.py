@@ -390,7 +390,7 @@ def test_presets_by_count_match_the_transformer_within_five_percent(name):
 @pytest.mark.ci_only                                            # a short run and the probes per family: minutes
 @pytest.mark.parametrize("name", [n for n in FAMILIES if not getattr(models.module(n), "PROBES", False)])
 def test_geometry_runs_the_probes_that_read_no_attention(name, tmp_path, capsys):
-    """A family without attention: geometry.py runs the state probes (the manifold with its controls, the
+    """A family without attention: geometry/run.py runs the state probes (the manifold with its controls, the
     readout, the state clusters, the logit lens where it has the shared head), judges the manifold and the
     state clusters only, and says in one
     line what it skipped; the calibration gate reads the model's own KL against a uniform guess's."""

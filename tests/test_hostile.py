@@ -160,37 +160,37 @@ CASES = [
     # 4. one owner, one writer: every command that writes into a run directory
     (4, "finished", live_lock, "train", ["--eval-only", CKPT], ("is in use by another run (process", "its folder")),
     (4, "finished", live_lock, "geometry", [CKPT], "its run directory"),
-    (4, "finished", live_lock, "train", ["--task", "sticky", "--out", "{run}"], "--out '{run}' is in use by another run"),
-    (4, "finished", live_lock, "train", ["--task", "sticky", "--deep", "--out", "{run}"], "is in use by another run"),
-    (4, "finished", write("sticky_metrics.json", b"{}"), "train", ["--task", "sticky", "--out", "{run}"],
+    (4, "finished", live_lock, "dynamics", ["--out", "{run}"], "--out '{run}' is in use by another run"),
+    (4, "finished", live_lock, "dynamics", ["--deep", "--out", "{run}"], "is in use by another run"),
+    (4, "finished", write("sticky_metrics.json", b"{}"), "dynamics", ["--out", "{run}"],
      "already holds a run (sticky_metrics.json): replace it with --overwrite, or give another --out"),
-    (4, "finished", write("dynamics.json", b"{}"), "train", ["--task", "sticky", "--compare-em", "--out", "{run}"],
+    (4, "finished", write("dynamics.json", b"{}"), "dynamics", ["--compare-em", "--out", "{run}"],
      "already holds a run (dynamics.json): replace it with --overwrite"),
-    (4, "finished", write("deep_variant.json", b"{}"), "train", ["--task", "sticky", "--deep", "--out", "{run}"],
+    (4, "finished", write("deep_variant.json", b"{}"), "dynamics", ["--deep", "--out", "{run}"],
      "already holds a run (deep_variant.json): replace it with --overwrite"),
-    (4, "finished", write("deep_seed42.json", b"{}"), "train", ["--task", "sticky", "--deep", "--out", "{run}"],
+    (4, "finished", write("deep_seed42.json", b"{}"), "dynamics", ["--deep", "--out", "{run}"],
      "already holds a run (deep_seed42.json): continue it with --resume, replace it with --overwrite"),
-    (4, "finished", write("sticky_metrics.json", b"{}"), "train", ["--task", "sticky", "--resume", "--out", "{run}"],
+    (4, "finished", write("sticky_metrics.json", b"{}"), "dynamics", ["--resume", "--out", "{run}"],
      "the one-head run in --out '{run}' is finished (sticky_metrics.json written); --overwrite replaces it"),
-    (4, "finished", write("sticky_progress.npz", b"not an archive"), "train", ["--task", "sticky", "--resume", "--out",
+    (4, "finished", write("sticky_progress.npz", b"not an archive"), "dynamics", ["--resume", "--out",
      "{run}"], "sticky_progress.npz' is damaged or not the one-head run's"),
-    (4, "finished", write("dynamics.json", b"{}"), "train", ["--task", "sticky", "--compare-em", "--resume", "--out",
+    (4, "finished", write("dynamics.json", b"{}"), "dynamics", ["--compare-em", "--resume", "--out",
      "{run}"], "the comparison (--compare-em) in --out '{run}' is finished (dynamics.json written)"),
-    (4, "finished", mkdir_with("progress", "notes.txt", b"mine"), "train", ["--task", "sticky", "--compare-em",
+    (4, "finished", mkdir_with("progress", "notes.txt", b"mine"), "dynamics", ["--compare-em",
      "--resume", "--out", "{run}"], "progress/notes.txt' is not one of compare-em's runs"),
     (4, "finished", mkdir_with("progress", "transformer.json", json.dumps(dict(
         seeds=[42], steps=5, quick=False, mstep_steps=None, transformer_steps=None, chain="exact", lr=0.01,
-        name="transformer", seconds=1.0, result={})).encode()), "train",
-     ["--task", "sticky", "--compare-em", "--resume", "--out", "{run}"],
+        name="transformer", seconds=1.0, result={})).encode()), "dynamics",
+     ["--compare-em", "--resume", "--out", "{run}"],
      "progress/transformer.json' has seeds=[42] but this run asks for [42, 2024, 1337, 7777, 9999]"),
-    (4, "finished", write("deep_variant.json", b"{}"), "train", ["--task", "sticky", "--deep", "--resume", "--out", "{run}"],
+    (4, "finished", write("deep_variant.json", b"{}"), "dynamics", ["--deep", "--resume", "--out", "{run}"],
      "the deep variant in --out '{run}' is finished (deep_variant.json written); --overwrite replaces it"),
-    (4, "finished", None, "train", ["--task", "sticky", "--deep", "--resume", "--out", "{run}"],
+    (4, "finished", None, "dynamics", ["--deep", "--resume", "--out", "{run}"],
      "--out '{run}' holds no progress of the deep variant to continue"),
-    (4, "finished", None, "train", ["--task", "sticky", "--resume", "--out", "{run}"],
+    (4, "finished", None, "dynamics", ["--resume", "--out", "{run}"],
      "holds no progress of the one-head run to continue"),
-    (4, "finished", write("deep_seed42.npz", b"not an archive"), "train",
-     ["--task", "sticky", "--deep", "--resume", "--out", "{run}"], "deep_seed42.npz' is damaged or not the deep variant's"),
+    (4, "finished", write("deep_seed42.npz", b"not an archive"), "dynamics",
+     ["--deep", "--resume", "--out", "{run}"], "deep_seed42.npz' is damaged or not the deep variant's"),
     # 5. flags that cannot apply
     (5, "finished", None, "train", ["--eval-only", CKPT, "--resume"], "--resume does not apply to --eval-only"),
     (5, "finished", None, "train", ["--eval-only", CKPT, "--task", "hmm"], "--task does not apply to --eval-only"),
@@ -203,7 +203,7 @@ CASES = [
     (5, "finished", None, "train", [*SAME, "--resume", "--out", "{run}"],
      "--resume: the run in --out '{run}' is finished (step 4 of 4; metrics.json written)"),
     (5, "finished", None, "train", [*SAME, "--resume", "--kernels", "numpy", "--out", "{run}"], "is finished"),
-    (5, "finished", None, "train", ["--task", "sticky", "--compare-em", "--resume", "--out", "{run}"],
+    (5, "finished", None, "dynamics", ["--compare-em", "--resume", "--out", "{run}"],
      "holds no progress of the comparison (--compare-em) to continue"),
     # 6. values that pass their own checks but not together
     (6, "finished", None, "train", ["--warmup", "100", "--steps", "60", "--out", "{run}"],
@@ -212,15 +212,15 @@ CASES = [
      "--stop-after 60: the run ends at step 60 anyway"),
     (6, "finished", None, "train", ["--task", "sawtooth", "--curriculum", "5:100", "--steps", "60", "--out", "{run}"],
      "--curriculum '5:100': its last stage ends at step 100, not before the run's end (--steps 60)"),
-    (6, "finished", None, "train", ["--task", "sticky", "--sigma", "1e-200", "--out", "{run}"],
+    (6, "finished", None, "dynamics", ["--sigma", "1e-200", "--out", "{run}"],
      "--sigma 1e-200: must lie in 1e-06..1e+06"),
-    (6, "finished", None, "train", ["--task", "sticky", "--deep", "--steps", "10", "--stop-after", "10", "--out", "{run}"],
+    (6, "finished", None, "dynamics", ["--deep", "--steps", "10", "--stop-after", "10", "--out", "{run}"],
      "--stop-after 10: each seed ends at step 10 anyway"),
-    (6, "finished", None, "train", ["--task", "sticky", "--stop-after", "1000", "--out", "{run}"],
+    (6, "finished", None, "dynamics", ["--stop-after", "1000", "--out", "{run}"],
      "--stop-after 1000: the run ends at step 1000 anyway"),
-    (6, "finished", None, "train", ["--task", "sticky", "--compare-em", "--stop-after", "33", "--out", "{run}"],
+    (6, "finished", None, "dynamics", ["--compare-em", "--stop-after", "33", "--out", "{run}"],
      "--stop-after 33: --compare-em has 33 runs (each arm of each seed, and three more); allowed are 1..32"),
-    (6, "finished", None, "train", ["--task", "sticky", "--compare-em", "--preset", "quick", "--stop-after", "15",
+    (6, "finished", None, "dynamics", ["--compare-em", "--preset", "quick", "--stop-after", "15",
      "--out", "{run}"], "--compare-em --preset quick has 15 runs"),
     (6, "stopped", None, "train", [*SAME, "--resume", "--stop-after", "1", "--out", "{run}"], "--stop-after 1: the checkpoint"),
     # 7. paths
@@ -253,7 +253,8 @@ CASES = [
      "does not start with the header a run writes"),
     (9, "stopped", edit_log(3, b"2,4.3"), "train", [*SAME, "--resume", "--out", "{run}"], "is damaged at line 3"),
 ]
-COMMANDS = {"train": ("train", "train.py"), "geometry": ("geometry.run", "python -m geometry.run")}
+COMMANDS = {"train": ("train", "train.py"), "geometry": ("geometry.run", "python -m geometry.run"),
+            "dynamics": ("dynamics.run", "python -m dynamics.run")}
 SUBPROCESS = {8}                       # a regression there would hang: run those with a timeout
 
 
@@ -271,8 +272,9 @@ def test_hostile_input_gets_one_line_and_changes_nothing(cls, base, change, comm
     monkeypatch.chdir(tmp_path)
     module, prog = COMMANDS[command]
     if cls in SUBPROCESS:
-        assert command == "train", command                  # the one command at the root, runnable from anywhere
-        proc = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *argv], cwd=tmp_path,
+        line = ([os.path.join(ROOT, "train.py")] if command == "train"       # the root's command, from anywhere
+                else ["-m", module])                                       # a wing's, from the repository's folder
+        proc = subprocess.run([sys.executable, *line, *argv], cwd=tmp_path if command == "train" else ROOT,
                               capture_output=True, text=True, timeout=300)
         code, err = proc.returncode, proc.stderr
     else:

@@ -164,10 +164,10 @@ def readme_order():
 
 def level(module, order):
     """Where a module sits in the order: its wing's index; at the root, `root`'s, except the card's geometry
-    probes (manifold.py, with geometry) and train.py (above every wing but bench: nothing imports it)."""
+    probes (manifold.py, with geometry) and train.py (above every wing: nothing imports it)."""
     wing = module.split(".")[0] if "." in module else {"manifold": "geometry"}.get(module, "root")
     if module == "train":
-        return order.index("bench") - 0.5
+        return len(order)
     return order.index(wing)
 
 
@@ -215,7 +215,7 @@ def test_imports_follow_the_order_the_readme_states():
 def test_every_import_names_a_module_by_its_one_name():
     """Imports are folder-qualified: no file (code or test) imports a wing's module by its bare name, so no module
     is loaded twice under two names (two copies of the kernel switch's registry); and no file changes the
-    import path (no sys.path, PYTHONPATH or syspath_prepend anywhere)."""
+    import path (none of the three ways below, anywhere)."""
     bare = {m.split(".")[-1]: m for m in MODULES if "." in m}
     files = [*FILES.values(), *glob.glob(os.path.join(ROOT, "tests", "*.py")), os.path.join(ROOT, "test_bayesattn.py"),
              os.path.join(ROOT, "conftest.py"), *glob.glob(os.path.join(ROOT, ".ci", "*"))]
@@ -361,3 +361,29 @@ def test_train_py_on_the_numpy_path_gives_the_numbers_of_the_fast_path(tmp_path)
         assert (out / f"{path}_traces.png").exists()            # a run's figures stay in its directory
     for key in ("entropy_mae_bits", "kl_bits"):                 # float32 sums in another order: close, not equal
         assert metrics["numpy"][key] == pytest.approx(metrics["numba"][key], rel=1e-3), key
+
+
+# ----------------------------------------------------------------------------
+# what a user has from before the house moved into its wings
+
+BEFORE_THE_MOVE = os.path.join(ROOT, "tests", "data", "before-the-move")   # written by 2594f32, the last flat commit
+
+
+def test_runs_written_before_the_move_still_load(tmp_path, capsys):
+    """A finished run is evaluated again, and a stopped run (an LSTM: a family whose module and twins moved)
+    continues to its end, from run directories the flat layout wrote (checkpoints name the family and the task
+    as a user types them, never a module)."""
+    import shutil
+    import train
+    runs_dir = tmp_path / "runs"
+    shutil.copytree(BEFORE_THE_MOVE, runs_dir)
+    finished = runs_dir / "bijection-transformer"
+    m = train.main(["--eval-only", str(finished / "checkpoint.npz"), "--figures", str(tmp_path / "figures")])
+    written = json.loads((finished / "metrics.json").read_text())
+    assert m["kl_bits"] == pytest.approx(written["kl_bits"], rel=1e-6)       # the same held-out set, the same model
+    stopped = runs_dir / "sawtooth-lstm-stopped"
+    train.main(["--task", "sawtooth", "--model", "lstm", "--preset", "quick", "--width", "8", "--layers", "1",
+                "--steps", "4", "--no-baseline", "--no-geometry", "--eval-seqs", "8", "--quiet", "--resume",
+                "--out", str(stopped)])
+    assert json.loads((stopped / "metrics.json").read_text())["steps"] == 4
+    assert "resume" not in capsys.readouterr().err

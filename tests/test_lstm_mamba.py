@@ -1,5 +1,5 @@
-"""Checks of the two recurrent families' own ops (lstm.py, mamba.py) and of their twins (lstm_twins.py,
-mamba_twins.py); test_families.py checks the whole models as it checks every family.
+"""Checks of the two recurrent families' own ops (families/lstm.py, families/mamba.py) and of their twins (families/lstm_twins.py,
+families/mamba_twins.py); tests/test_families.py checks the whole models as it checks every family.
 
   - every new op against centred finite differences in float64, projected onto a random upstream gradient:
     sigmoid, tanh, SiLU, softplus, the causal convolution, the LSTM step, and the two sequences (the LSTM
@@ -371,7 +371,7 @@ def test_a_name_twinned_twice_fails_at_import():
     def lstm_forward(x, w, b):                           # another module's op of the LSTM's name
         return x
     lstm_forward.__module__ = "another_family"
-    with pytest.raises(ValueError, match="lstm_forward.*twinned already by lstm"):
+    with pytest.raises(ValueError, match="lstm_forward.*twinned already by families.lstm"):
         ly.twin(lstm_forward)
     ly.twin(lstm.lstm_forward.numpy)                      # the same op again: no complaint
     with pytest.raises(ValueError, match="softmax.*taken already by kernels"):
@@ -394,7 +394,7 @@ def test_an_op_without_its_twin_loaded_fails_loudly(monkeypatch):
 
 def test_a_family_loaded_inside_the_fast_path_runs_its_twins():
     """A family's twins module imported inside `with kernels.enabled():` (a family first named there, as
-    bench_families.py did) joins the fast path at once, and leaves with it; outside the block, loading does not
+    bench/recurrent.py did) joins the fast path at once, and leaves with it; outside the block, loading does not
     turn anything on."""
     def fake_twin(x):
         return x
@@ -422,7 +422,7 @@ def test_models_loads_a_familys_twins():
 
 def test_lstm_learned_positions_clamped_past_the_limit():
     """pos "learned" with pos_limit 8 on 13 positions: positions 7..12 share row 7, so the gradient of row 7 is
-    the sum of theirs (finite differences on the embeddings and a layer's parameters; test_families.py checks
+    the sum of theirs (finite differences on the embeddings and a layer's parameters; tests/test_families.py checks
     the rest), and rows 8.. get none."""
     cfg = lstm.Config(vocab_size=5, n_classes=3, max_len=13, d_model=4, n_layers=2, dtype="float64", pos="learned",
                       pos_limit=8)
@@ -477,7 +477,7 @@ def test_the_shared_a_variant_against_finite_differences():
 
 
 def test_the_sweeps_choices_are_the_families_presets():
-    """The learning rate and initialisation each family's sweep chose (RESULTS.md) reach its runs through the
+    """The learning rate and initialisation each family's sweep chose (families/README.md) reach its runs through the
     presets, over the task's own; a typed flag still wins."""
     import train
     a = train.parse_args(["--model", "lstm", "--task", "hmm", "--preset", "paper"])

@@ -1,4 +1,4 @@
-"""Tests for manifold.py: every probe on a tiny case whose answer is known; then geometry.py, which runs them
+"""Tests for manifold.py: every probe on a tiny case whose answer is known; then geometry/run.py, which runs them
 on a checkpoint, end to end."""
 import json
 import os
@@ -290,7 +290,7 @@ def test_authors_manifold_when_the_entropy_lies_on_two_pcs():
 
 # ----------------------------------------------------------------------------
 # the controls (issue: a skeptic's re-analysis). Each hand-built case has an artifact and a real effect that
-# give the same headline; the controls, through the functions geometry.py calls, must tell them apart.
+# give the same headline; the controls, through the functions geometry/run.py calls, must tell them apart.
 
 def fake_run(batch, rows_of, C=6, n_layers=1):
     """A cache holding hand-built representations: rows_of(cols) -> X (n, P, C) at the answer rows, zero

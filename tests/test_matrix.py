@@ -1,6 +1,6 @@
-"""matrix.py: the score and the marks (every branch of the rule), the cells and their command lines, and the
+"""primitives/matrix.py: the score and the marks (every branch of the rule), the cells and their command lines, and the
 runner's skip, resume and progress logic (on stand-in cells that write a metrics.json without training; CI's
-smoke test, `python matrix.py --preset quick`, trains them)."""
+smoke test, `python -m primitives.matrix --preset quick`, trains them)."""
 import json
 import os
 import sys

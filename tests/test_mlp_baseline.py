@@ -1,4 +1,4 @@
-"""Checks for mlp_baseline.py: per-tensor finite-difference gradients, the fast input layer
+"""Checks for families/mlp_baseline.py: per-tensor finite-difference gradients, the fast input layer
 against the dense one-hot reference, causality, capacity matching (models.match_capacity), older
 checkpoints' field names, and a one-batch overfit.
 

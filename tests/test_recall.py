@@ -1,4 +1,4 @@
-"""The recall wind tunnel (recall.py): its exact posterior against brute force over every random map, its
+"""The recall wind tunnel (tunnels/recall.py): its exact posterior against brute force over every random map, its
 sampler, its prior's gap, its answer groups, and the paper metric's blind spot it exposes."""
 import itertools
 import math

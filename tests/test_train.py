@@ -27,10 +27,13 @@ QUICK = ["--preset", "quick", "--quiet", "--no-baseline", "--no-geometry", "--ev
 
 
 def run(args, tmp_path, timeout=900, env=None):
-    """train.py with args in tmp_path; figures into tmp_path/figures (the sticky task draws none)."""
-    figures = [] if "sticky" in args else ["--figures", str(tmp_path / "figures")]
-    return subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *args, *figures],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=timeout,
+    """train.py with args in tmp_path, figures into tmp_path/figures; args that begin --task sticky: Paper II's
+    command, python -m dynamics.run with the rest, from the repository's folder (it draws no figures)."""
+    if args[:2] == ["--task", "sticky"]:
+        line, cwd = ["-m", "dynamics.run", *args[2:]], ROOT
+    else:
+        line, cwd = [os.path.join(ROOT, "train.py"), *args, "--figures", str(tmp_path / "figures")], tmp_path
+    return subprocess.run([sys.executable, *line], cwd=cwd, capture_output=True, text=True, timeout=timeout,
                           env=None if env is None else {**os.environ, **env})
 
 
@@ -39,7 +42,8 @@ def assert_clear_error(proc, expected):
     assert proc.returncode == 2, (proc.returncode, proc.stderr)
     assert "Traceback" not in proc.stderr, proc.stderr
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("train.py: error:"), proc.stderr
+    prog = "python -m dynamics.run" if proc.args[1:3] == ["-m", "dynamics.run"] else "train.py"
+    assert len(lines) == 1 and lines[0].startswith(f"{prog}: error:"), proc.stderr
     for part in (expected,) if isinstance(expected, str) else expected:
         assert part in lines[0], (part, lines[0])
 
@@ -61,7 +65,7 @@ def load(path):
     (["--task", "sawtooth", "--curriculum", "5:100,10:50"],
      "--curriculum '5:100,10:50': each alphabet must lie in 1..20 and the steps must increase"),
     (["--task", "sawtooth", "--curriculum", "five"], "--curriculum 'five': expected stages alphabet:until_step"),
-    (["--chain", "authors"], "--chain does not apply to --task bijection (it belongs to --task sticky"),
+    (["--chain", "authors"], "--chain does not apply to --task bijection (it belongs to python -m dynamics.run"),
     (["--task", "sticky", "--chain", "0.35"], "--chain '0.35': allowed are exact, authors"),
     (["--task", "sticky", "--deep", "--compare-em"], "--compare-em and --deep are two experiments"),
     (["--preset", "huge"], "--preset 'huge': allowed are quick, default, paper"),
@@ -82,9 +86,9 @@ def load(path):
     (["--width", "100000", "--heads", "1"], ("--width 100000", "GiB are available")),
     (["--kernels", "cuda"], "--kernels 'cuda': allowed are numba, numpy"),
     (["--task", "sticky", "--deep", "--sigma", "2"],
-     "--sigma does not apply to --task sticky --deep (it belongs to --task sticky (the one-head run))"),
-    (["--task", "sticky", "--eval-seqs", "100"], "--eval-seqs does not apply to --task sticky (the one-head run)"),
-    (["--task", "sticky", "--figures", "x"], "--figures does not apply to --task sticky (the one-head run)"),
+     "--sigma does not apply to python -m dynamics.run --deep (it belongs to python -m dynamics.run (the one-head run))"),
+    (["--task", "sticky", "--eval-seqs", "100"], "--eval-seqs does not apply to python -m dynamics.run (the one-head run)"),
+    (["--task", "sticky", "--figures", "x"], "--figures does not apply to python -m dynamics.run (the one-head run)"),
     (["--resume", "--overwrite"], "--resume and --overwrite: continue the run in --out or replace it, not both"),
     (["--dtype", "float16"], "--dtype 'float16': allowed are float32, float64"),
     (["--pos", "rope"], "--pos 'rope': allowed are learned, sinusoidal"),
@@ -134,7 +138,7 @@ def test_the_error_messages_the_readme_quotes_are_the_ones_printed(tmp_path):
     """Each `train.py: error: ...` the README or USAGE.md quotes is printed verbatim by the command that provokes
     it (a quote added without its command here fails this test)."""
     import re
-    readme = " ".join(" ".join(open(os.path.join(ROOT, doc)).read().split()) for doc in ("README.md", "USAGE.md"))
+    readme = " ".join(" ".join(open(os.path.join(ROOT, doc)).read().split()) for doc in ("README.md", os.path.join("docs", "USAGE.md")))
     quoted = re.findall(r"`(train\.py: error: [^`]*)`", readme)
     provoke = {"--K does not apply to --task bijection": ["--K", "10"]}
     assert quoted
@@ -430,8 +434,8 @@ def test_a_stop_signal_saves_a_checkpoint(sig, tmp_path):
 
 
 @pytest.mark.parametrize("args, expected", [
-    (["--task", "sticky", "--preset", "huge"], "--preset does not apply to --task sticky (the one-head run)"),
-    (["--task", "sticky", "--model", "mlp", "--width", "8"], "--model does not apply to --task sticky (the one-head run)"),
+    (["--task", "sticky", "--preset", "huge"], "--preset does not apply to python -m dynamics.run (the one-head run)"),
+    (["--task", "sticky", "--model", "mlp", "--width", "8"], "--model does not apply to python -m dynamics.run (the one-head run)"),
     (["--task", "sticky", "--out", "/proc/nope"], "--out '/proc/nope' cannot be written"),
 ])
 def test_sticky_rejects_flags_it_does_not_use(args, expected, tmp_path):
@@ -644,7 +648,7 @@ def test_stale_temporaries_are_removed_and_checkpoints_get_the_usual_mode(tmp_pa
 
 
 def test_run_files_are_the_runs_own(tmp_path):
-    """What --overwrite may delete: the run's files by the names runs.py gives them, nothing else."""
+    """What --overwrite may delete: the run's files by the names harness/runs.py gives them, nothing else."""
     out = tmp_path / "myrun"
     os.makedirs(out / "snapshots")
     for name in ("checkpoint.npz", "metrics.json", "log.csv", "mlp.npz", "metrics_mlp.json", "log_mlp.csv",
@@ -766,7 +770,7 @@ def test_a_lock_that_cannot_be_judged_is_kept(tmp_path):
 def test_a_second_train_py_into_a_busy_out_is_refused_then_runs_once_the_owner_is_dead(tmp_path):
     out = tmp_path / "busy"
     out.mkdir()
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time, runs; runs.acquire(sys.argv[1], 'the holder'); "
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from harness import runs; runs.acquire(sys.argv[1], 'the holder'); "
                                "print('locked', flush=True); time.sleep(300)", str(out)],
                               cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:

@@ -1,4 +1,4 @@
-"""Tests for verdicts.py: every rule called on hand-built geometry.json-like inputs, one per branch, so that
+"""Tests for geometry/verdicts.py: every rule called on hand-built geometry.json-like inputs, one per branch, so that
 a rule replaced by a constant verdict, or a control replaced by a constant, fails here; and the controls the
 rules read (formation's stillness and specificity, the noise of the probes) on cases computed by hand."""
 import copy

@@ -1,5 +1,5 @@
-"""Tests for the wind tunnels: the shared math (windtunnels.py), every task module's exact posterior
-(bijection.py, sawtooth.py, hmm.py, sticky.py) against brute-force enumeration, and the registry (tasks.py)."""
+"""Tests for the wind tunnels: the shared math (tunnels/windtunnels.py), every task module's exact posterior
+(tunnels/bijection.py, tunnels/sawtooth.py, tunnels/hmm.py, tunnels/sticky.py) against brute-force enumeration, and the registry (tunnels/tasks.py)."""
 import itertools
 import math
 
@@ -15,7 +15,7 @@ from tunnels import windtunnels as wt
 
 
 # ----------------------------------------------------------------------------
-# windtunnels.py: the shared math
+# tunnels/windtunnels.py: the shared math
 
 
 def test_entropy_and_kl_bits():
@@ -61,7 +61,7 @@ def test_check_stochastic():
 
 
 # ----------------------------------------------------------------------------
-# bijection.py (Paper I's format a)
+# tunnels/bijection.py (Paper I's format a)
 
 
 def brute_bijection_posterior(keys, values, V):
@@ -192,7 +192,7 @@ def test_bijection_prior_gap_by_hand():
 
 
 # ----------------------------------------------------------------------------
-# sawtooth.py (Paper I's format b)
+# tunnels/sawtooth.py (Paper I's format b)
 
 
 @pytest.mark.parametrize("alphabet", [None, 3])
@@ -300,7 +300,7 @@ def test_sawtooth_bad_arguments():
 
 
 # ----------------------------------------------------------------------------
-# hmm.py
+# tunnels/hmm.py
 
 
 def test_hmm_sample_params_on_the_grid():
@@ -466,7 +466,7 @@ def test_hmm_bad_arguments():
 
 
 # ----------------------------------------------------------------------------
-# sticky.py: Paper II's sticky Markov chain
+# tunnels/sticky.py: Paper II's sticky Markov chain
 
 
 def test_sticky_transition():
@@ -597,7 +597,7 @@ def test_sticky_bad_arguments():
 
 
 # ----------------------------------------------------------------------------
-# tasks.py: the registry, and the protocol every registered task keeps
+# tunnels/tasks.py: the registry, and the protocol every registered task keeps
 
 # small settings of every registered task, and its sizes there by hand: bijection T = 2 (V - 1), two
 # vocabularies; sawtooth T = 2 (V - 1) + 1, one shared vocabulary; hmm T = 52 + n_obs, evaluated up to 50
@@ -610,7 +610,7 @@ def test_registry_names_its_tasks_and_refuses_others_in_one_line():
     assert list(tasks.TASKS)[:3] == ["bijection", "sawtooth", "hmm"] and set(SMALL) <= set(tasks.TASKS)
     assert (tasks.task("bijection"), tasks.task("sawtooth"), tasks.task("hmm")) == (bijection, sawtooth, hmm)
     allowed = ", ".join(tasks.TASKS)
-    for name in ("nope", "sticky", "Bijection"):                # sticky.py is outside the registry
+    for name in ("nope", "sticky", "Bijection"):                # tunnels/sticky.py is outside the registry
         with pytest.raises(ValueError, match=rf"^task '{name}': allowed are {allowed}$"):
             tasks.task(name)
     with pytest.raises(ValueError, match=f"allowed are {allowed}"):
@@ -650,7 +650,7 @@ def test_every_task_samples_consistent_batches(name, step):
     n, T, K = 7, sizes["max_len"], sizes["classes"]
     b = tasks.sample(name, np.random.default_rng(0), n, s, step)
     assert set(b) <= {"tokens", "targets", "mask", "posterior", "query_mask", "groups", "final_posterior", "final_target"}
-    if "final_posterior" in b:                                    # a task with chains (cot.py): one per row
+    if "final_posterior" in b:                                    # a task with chains (primitives/cot.py): one per row
         assert b["final_posterior"].shape == (n, K) and b["final_target"].shape == (n,)
         assert np.allclose(b["final_posterior"].sum(1), 1.0)
     for where in b.get("groups", {}).values():                   # each group: supervised answers, at least one

@@ -9,7 +9,7 @@ position alone. With an optional final query key (a key seen before) the posteri
 
 Notation: n sequences, T tokens per sequence, V keys (= values), n_pairs (key, value) pairs.
 The module is the task's one place: the sampler and tokens, the exact posterior, the supervised
-positions, the prior's gap, the presets and flags, and what the probes read (tasks.py lists the names).
+positions, the prior's gap, the presets and flags, and what the probes read (tunnels/tasks.py lists the names).
 """
 import numpy as np
 

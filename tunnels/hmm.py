@@ -268,12 +268,12 @@ def window_filter(batch, k):
 
 
 def shortcut(batch, s=None):
-    """The best answer without transport that matrix.py knows (its floor for the HMM): the current observation
+    """The best answer without transport that primitives/matrix.py knows (its floor for the HMM): the current observation
     weighed by the chain's marginal at its time, q_t(s) proportional to (u P^t)(s) E[s, o_t] (window_filter
     with k = 0); it reads the HMM's parameters from the header but carries nothing from one observation to
     the next. (The first floor weighed by the stationary distribution instead; a referee found this one
     higher.) A predictor that carries one observation or two (window_filter, k = 1, 2) closes nearly all of
-    the gap (RESULTS.md, the primitives matrix), so a mark on this HMM cannot tell full filtering from a few
+    the gap (primitives/README.md, the primitives matrix), so a mark on this HMM cannot tell full filtering from a few
     steps of it. -> (n, T, S)."""
     return window_filter(batch, 0)
 

@@ -17,7 +17,7 @@ the share of completions that send x there in h hops, and a chain of thought's j
 before it, is the same share among the completions that agree with those hops (completions). A chain
 that never meets a hidden key has a one-hot answer; one that does is uncertain from there on (one hidden
 pair alone is found by elimination). By the chain rule, a model calibrated at every hop that samples its
-own chain ends on f^h(x) distributed as the direct posterior (cot.py measures it).
+own chain ends on f^h(x) distributed as the direct posterior (primitives/cot.py measures it).
 
 Answer groups (evaluation.group_metrics): "h=1" ... "h=<max_hops>", each sequence's final answer by its
 h; with cot also "hops before the last" (the intermediate hops).
@@ -27,7 +27,7 @@ every class is an answer at every stage) before training step S, with hidden x V
 pairs hidden; its pairs sit in slots drawn among the V places, FILL FILL in the others (so the query, the
 answers and T stay where they are, and every place holds pairs from the first stage on). The posterior
 stays exact: the symbols in play are the keys shown. --hop-curriculum H':S,... draws h from 1 to H' (at
-most max_hops) before step S. What the transformer needed (RESULTS.md, "Running out of layers"): without
+most max_hops) before step S. What the transformer needed (primitives/README.md, "Running out of layers"): without
 a curriculum it had not begun the lookup by step 1,500; from 4 symbols it had in one run of four, from
 2 within 750 steps; with a stage's pairs at the end of the places the lookup broke at each change of
 stage; with no hidden pair before the task itself, the first hidden ones cost a spike of 12 bits.
@@ -263,7 +263,7 @@ def batch(rng, n, n_symbols=16, hidden=3, max_hops=4, cot=False, active=None, mo
         groups[LAST] = last
     return dict(tokens=tokens, targets=targets, mask=mask, posterior=posterior,
                 groups={g: w for g, w in groups.items() if w.any()},             # a group marks one answer or more
-                final_posterior=direct[rows, h - 1], final_target=chain[rows, h])   # (n, V), (n,): cot.py's
+                final_posterior=direct[rows, h - 1], final_target=chain[rows, h])   # (n, V), (n,): primitives/cot.py's
 
 
 def answer_length(s, h):
@@ -272,7 +272,7 @@ def answer_length(s, h):
 
 
 def chain_layout(batch, s):
-    """cot.py's hook: -> (first (n,), hops (n,)): row b's hop j is predicted at first[b] + j - 1 and is the
+    """primitives/cot.py's hook: -> (first (n,), hops (n,)): row b's hop j is predicted at first[b] + j - 1 and is the
     input at first[b] + j (its answers are its supervised positions, one per hop); None for the direct
     format (one answer per row: nothing to run free)."""
     if not s["cot"]:

@@ -147,7 +147,7 @@ def prior_gap_bits(s, n=20_000, seed=0):
 # the sampler and the exact posterior
 
 def shortcut(batch, s):
-    """The best answer without binding (matrix.py's floor for recall): it knows which keys were stored and
+    """The best answer without binding (primitives/matrix.py's floor for recall): it knows which keys were stored and
     the values that were, but not which value goes with which key: a stored key gets the stored values in
     their proportions (the pilot: those stored before it), an unstored key the prior. -> (n, T, V)."""
     n_keys, n_values = s["n_keys"], s["n_values"]

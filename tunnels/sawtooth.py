@@ -43,7 +43,7 @@ FLAGS = {"--V": bijection.FLAGS["--V"],
                                    "(e.g. 5:2500,10:4000); the targets stay exact (default: from the preset)")}
 PRESETS = {
     # 1,000 steps of 5-key alphabets first: without them (and the transformer's fan-in init), the lookup
-    # does not form within the budget (RESULTS.md, sawtooth); the model's sizes are its family's
+    # does not form within the budget (tunnels/README.md, sawtooth); the model's sizes are its family's
     "quick":   dict(batch=32, steps=60, lr=3e-3, warmup=10, curriculum="5:30"),
     # the README's first command: the default model for 2,500 steps (the lookup forms, about 0.1 bits), and the
     # authors' MLP for the 500 steps in which it reaches the prior (its log shows it): minutes on a laptop
@@ -126,7 +126,7 @@ def batch(rng, n, V=20, n_pairs=None, alphabet=None):
 
 
 def shortcut(batch, s):
-    """The best answer without a lookup (matrix.py's floor for the sawtooth): it tells a repeated key from a
+    """The best answer without a lookup (primitives/matrix.py's floor for the sawtooth): it tells a repeated key from a
     new one and knows which values were seen, but not which value went with which key: a new key gets the
     unseen values uniformly (exact), a repeated key (and the final query) the seen values uniformly.
     -> (n, T, V)."""

@@ -4,13 +4,13 @@ A task is one module exposing
     SETTINGS = {name: default}            its settings (a run's meta records them); s below is such a dict
     FLAGS = {flag: spec}                  the command-line flags that set them: spec = dict(setting, type,
                                           check(value, s) -> None or what is wrong, help)
-    TINY = {"train": s, "grad": s}      the smallest settings of the conformance tests (test_families.py): a
+    TINY = {"train": s, "grad": s}      the smallest settings of the conformance tests (tests/test_families.py): a
                                           training run in seconds; gradient checks on at least 12 positions
     PRESETS = {preset: {flag dest: value}}   optimisation and data of the presets (quick, default, paper);
                                           the model's sizes are its family's (models.py: PRESETS)
     sizes(s) -> dict(vocab, classes, max_len, eval_len)   input tokens, output classes, the training
                                           length and the longest evaluated length (>= max_len)
-    sample(rng, n, s, step=None) -> batch  n sequences with exact posteriors (windtunnels.py says what a
+    sample(rng, n, s, step=None) -> batch  n sequences with exact posteriors (tunnels/windtunnels.py says what a
                                           batch holds); the training loop passes its step (a curriculum
                                           may read it), held-out sets pass none and see the task itself
     prior_gap_bits(s) -> float            the paper metric of a prior-only predictor (the authors' MLP)
@@ -25,14 +25,14 @@ and, where it has them:
     ANSWER_LABEL                          what the figures call the i-th answer
     shortcut(batch, s) -> (n, T, K)       the best predictor without the primitive the task exercises
                                           (the HMM: no filtering; recall: no binding; the sawtooth: no
-                                          lookup): matrix.py's floor for a mark (default: the uniform prior)
+                                          lookup): primitives/matrix.py's floor for a mark (default: the uniform prior)
     what the geometry probes read (manifold.PROBE_HOOKS): hypothesis_tokens, token_groups, token_names,
                                           evidence_masks, row_split, graded_rows, swap_query (a task
-                                          without them is refused by geometry.py in one line)
+                                          without them is refused by geometry/run.py in one line)
 
 Which positions are supervised is each batch's own: mask (and query_mask for answers the paper's curve
-leaves out, groups for answers scored by name: windtunnels.py), row by row. TASKS maps the name a user types (--task) to the module's name. Adding a task is adding its
-module and one entry here. Paper II's sticky chain (continuous inputs) is sticky.py, outside the registry.
+leaves out, groups for answers scored by name: tunnels/windtunnels.py), row by row. TASKS maps the name a user types (--task) to the module's name. Adding a task is adding its
+module and one entry here. Paper II's sticky chain (continuous inputs) is tunnels/sticky.py, outside the registry.
 """
 
 import importlib

@@ -2,8 +2,8 @@
 
 A wind tunnel is a task whose Bayes-optimal predictive distribution is known in closed form and where
 memorisation is impossible: a fresh task instance (a permutation, an HMM, noise) is drawn for every
-sequence. Each token wind tunnel is one module, registered in tasks.TASKS (bijection.py,
-sawtooth.py, hmm.py); Paper II's sticky chain, with continuous inputs, is sticky.py. Everything is
+sequence. Each token wind tunnel is one module, registered in tasks.TASKS (tunnels/bijection.py,
+tunnels/sawtooth.py, tunnels/hmm.py); Paper II's sticky chain, with continuous inputs, is tunnels/sticky.py. Everything is
 float64 NumPy, seeded by a numpy.random.Generator passed in by the caller.
 
 A "batch" of a token wind tunnel is a dict of
@@ -12,7 +12,7 @@ A "batch" of a token wind tunnel is a dict of
 and optionally query_mask (n, T) float64: 1 at a supervised position the paper's entropy curve leaves
 out (the sawtooth's final query), and groups {name: (n, T) float64}: named answer groups, each scored on
 its own (evaluation.group_metrics); a task with chains of thought adds final_posterior (n, K) and
-final_target (n,), each row's last answer given the context alone (cot.py). Supervised positions may
+final_target (n,), each row's last answer given the context alone (primitives/cot.py). Supervised positions may
 differ from row to row; rows_of slices a batch.
 Entropies and KL divergences are in bits.
 """
