@@ -39,10 +39,10 @@ from layers import twin
 import numpy as np  # noqa: E402  (after layers: it pins OpenBLAS to one thread before NumPy loads)
 
 INITS = ("gpt2", "fan-in")  # Config.init: how init_params draws the weights
-PROBES = True               # geometry.py's probes read this family's attention (cache["layers"][l]["alpha"], ...)
+PROBES = True               # geometry/run.py's probes read this family's attention (cache["layers"][l]["alpha"], ...)
 # its sizes in each task's presets (the task's own: batch, steps, learning rate). Heads of 32, at least the 20
 # hypotheses, so that the key frame could be orthogonal; the sawtooth: fan-in init (without it the lookup
-# does not form within the budget, RESULTS.md) and 2 layers for time; the HMM: heads of 16
+# does not form within the budget, tunnels/README.md) and 2 layers for time; the HMM: heads of 16
 PRESETS = {
     "bijection": {"quick": dict(width=32, layers=2, heads=2), "default": dict(width=64, layers=3, heads=2),
                   "paper": dict(width=64, layers=3, heads=2)},
@@ -54,7 +54,7 @@ PRESETS = {
     # sawtooth's; its initialisation too
     "recall": {"quick": dict(width=32, layers=2, heads=2, init="fan-in"),
                **{p: dict(width=64, layers=2, heads=2, init="fan-in") for p in ("default", "paper")}},
-    # hops: a chain of lookups, one layer per lookup and one to pair each value with its key (depth.py varies
+    # hops: a chain of lookups, one layer per lookup and one to pair each value with its key (primitives/depth.py varies
     # the layers); the lookup's initialisation: with the default one the transformer had not begun the lookup
     # in 2,500 steps of one hop, with fan-in it had by step 1,000
     "hops": {"quick": dict(width=32, layers=2, heads=2, init="fan-in"),
@@ -108,7 +108,7 @@ def init_params(cfg, seed=0):
     """Weights at random, biases 0, LayerNorm gains 1. cfg.init "gpt2": N(0, 0.02), the residual projections
     (wo, w2) scaled by 1/sqrt(2L). "fan-in": every matrix N(0, 1/fan_in), so each output starts at the
     scale of its inputs, and learned embeddings N(0, 1): attention starts far from uniform, which the
-    sawtooth's lookup needs to leave its plateau (RESULTS.md, sawtooth)."""
+    sawtooth's lookup needs to leave its plateau (tunnels/README.md, sawtooth)."""
     rng = np.random.default_rng(seed)
     C, M, L = cfg.d_model, cfg.d_mlp, cfg.n_layers
     std, std_res = 0.02, 0.02 / math.sqrt(2 * L)
@@ -234,7 +234,7 @@ def merge_heads(x):
 @twin
 def attention_forward(q, k, v):
     """q, k (B, NH, T, hs), v (B, NH, T, hv) -> o (B, NH, T, hv), alpha (B, NH, T, T) (zero above the
-    diagonal). The scale is 1 / sqrt(hs), the keys' size; the values may be wider (onehead.py's are)."""
+    diagonal). The scale is 1 / sqrt(hs), the keys' size; the values may be wider (dynamics/onehead.py's are)."""
     T, hs = q.shape[-2], q.shape[-1]
     s = q @ np.swapaxes(k, -1, -2) / math.sqrt(hs)                # (B, NH, T, T)  s_ij = q_i . k_j / sqrt(hs)
     causal = np.tril(np.ones((T, T), dtype=bool))
@@ -290,7 +290,7 @@ def forward(params, tokens, cfg, head_mask=None, patch=None):
 
 def forward_embedded(params, x, cfg, head_mask=None, patch=None):
     """The blocks, the final LayerNorm and the unembedding on an embedded input x (B, T, C) -> logits, cache
-    (forward's cache without "embedding"). A model with another input layer (dynamics.py's projection of
+    (forward's cache without "embedding"). A model with another input layer (dynamics/experiments.py's projection of
     continuous inputs) calls this directly."""
     NH, T = cfg.n_heads, x.shape[1]
     cache = {"T": T, "layers": [], "resid": [x], "head_mask": head_mask}

@@ -7,6 +7,8 @@ the core that Numba's parallel kernels need. setdefault: a value already in the 
 
 import os
 
+import pytest
+
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
@@ -21,8 +23,36 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(config, items):
     if os.environ.get("BAYESATTN_CI_ONLY") == "1":
         return
-    import pytest
     skip = pytest.mark.skip(reason="slower: .ci/run runs it (BAYESATTN_CI_ONLY=1)")
     for item in items:
         if "ci_only" in item.keywords:
             item.add_marker(skip)
+
+
+ROOT = os.path.dirname(os.path.abspath(__file__))      # the repository's folder
+COPIED = ("figures", "docs", "README.md", "RESULTS.md")   # what a command may write into or a test may edit
+
+
+def _checkout(path):
+    """A scratch checkout of the repository at path, as a user's clone looks: every code file and folder linked
+    to the repository's own (one copy of each module, and the Numba cache the repository already has), the
+    figures and documents copied (a command may redraw a figure), nothing else (no runs/)."""
+    import shutil
+    os.makedirs(path, exist_ok=True)
+    for name in sorted(os.listdir(ROOT)):
+        if name.startswith(".") or name in ("runs", "__pycache__"):
+            continue
+        src, dst = os.path.join(ROOT, name), os.path.join(path, name)
+        if name in COPIED:
+            (shutil.copytree if os.path.isdir(src) else shutil.copy2)(src, dst)
+        else:
+            os.symlink(src, dst)
+    return path
+
+
+
+@pytest.fixture
+def checkout(tmp_path):
+    """The folder of a scratch checkout (conftest._checkout): documented commands run there as written, from
+    the repository's folder as a user runs them, and what they write stays in tmp_path."""
+    return _checkout(str(tmp_path / "repo"))

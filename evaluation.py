@@ -9,7 +9,7 @@ The numbers every document here reports, each defined once:
     excess_ce_bits         cross-entropy of the sampled targets under the model minus under the posterior
     impossible_mass        the mean model probability on answers the posterior rules out (a probability)
     prior_kl_bits          the mean KL(posterior || uniform): the KL of a predictor that ignores the context,
-                           the denominator of the score that reads the same on every task (matrix.py)
+                           the denominator of the score that reads the same on every task (primitives/matrix.py)
     prior_only             that uniform predictor's paper metric, per-sequence MAE and KL on the same answers
                            (the summary table's "prior only" row: measured, so it moves with the held-out
                            sample as the models' rows do, where tasks.prior_gap_bits is its expectation)
@@ -26,7 +26,7 @@ accuracy of the model's argmax.
 
 import numpy as np
 
-import windtunnels as wt
+from tunnels import windtunnels as wt
 
 CONFIDENT, IMPLAUSIBLE = 0.5, 0.05  # hallucinated: more than half the mass on an answer the posterior gives < 5%
 DOUBT_BITS = 1.0                    # honest doubt: at least a coin flip's entropy where the posterior is certain

@@ -8,8 +8,8 @@ docstring says; test_bayesattn.py checks every pair against each other and by fi
 `with enabled():` runs the models on these twins inside the block (train.py does, unless --kernels
 numpy) and restores the switch after it. A family's twins live beside it in its own module (the family's
 TWINS names it; models.py loads it with the family), which uses the Numba machinery here and hands its
-twins to add_twins when imported: enabled() merges them with these, and a name twinned twice fails there. What each trick buys is measured by `python bench.py`
-(PERFORMANCE.md); none of it changes a formula.
+twins to add_twins when imported: enabled() merges them with these, and a name twinned twice fails there. What each trick buys is measured by `python -m bench.transformer`
+(docs/PERFORMANCE.md); none of it changes a formula.
 
 Numba conventions: @njit(cache=True); parallel kernels have exactly one prange loop, over an axis
 that owns its writes (a second parallel loop, e.g. an np.zeros inside, wakes the worker thread
@@ -110,7 +110,7 @@ def fast_exp(x):
     return math.exp(x)
 
 
-EXP32 = os.environ.get("BAYESATTN_EXP32", "1") != "0"   # "0": math.exp everywhere (bench.py --tricks, with
+EXP32 = os.environ.get("BAYESATTN_EXP32", "1") != "0"   # "0": math.exp everywhere (bench/transformer.py --tricks, with
                                                          # a fresh NUMBA_CACHE_DIR: the cache does not see it)
 
 
@@ -164,7 +164,7 @@ def _fast_tanh_compiled(x):
 
 # ----------------------------------------------------------------------------
 # how many threads a kernel gets: waking Numba's sleeping worker costs more than a small kernel's
-# work (`python bench.py` prints both), so a kernel estimated under PARALLEL_MIN_US on one thread
+# work (`python -m bench.transformer` prints both), so a kernel estimated under PARALLEL_MIN_US on one thread
 # runs on the calling thread. With t the one-thread time and s the two-thread speed-up (about
 # 1.5), one thread wins when t + 12 us < t / s + 76 us, i.e. t < 64 us / (1 - 1/s) ~ 200 us.
 # Under OMP_WAIT_POLICY=active the workers spin and every kernel takes all threads.
@@ -462,7 +462,7 @@ def attention_forward_kernel(q, k, v):
     matrix products (BLAS) around a causal softmax that never touches j > i."""
     B, NH, T, hs = q.shape
     f = q.dtype.type
-    o = np.empty((B, NH, T, v.shape[3]), dtype=q.dtype)   # the values may be wider than the keys (onehead.py)
+    o = np.empty((B, NH, T, v.shape[3]), dtype=q.dtype)   # the values may be wider than the keys (dynamics/onehead.py)
     alpha = np.empty((B, NH, T, T), dtype=q.dtype)
     scale = f(1.0 / math.sqrt(hs))
     for bh in prange(B * NH):
@@ -490,7 +490,7 @@ def attention_forward_kernel(q, k, v):
 @njit(cache=True, parallel=True, fastmath=FASTMATH)
 def attention_backward_kernel(u, alpha, q, k, v):
     """bayesattn.attention_backward as loops (the E-step and M-step fused). Each (batch, head) owns its dq, dk, dv.
-    q, k (B, NH, T, hs); v, u (B, NH, T, hv): the values may be wider than the keys (onehead.py)."""
+    q, k (B, NH, T, hs); v, u (B, NH, T, hv): the values may be wider than the keys (dynamics/onehead.py)."""
     B, NH, T, hs = q.shape
     hv = v.shape[3]
     f = q.dtype.type

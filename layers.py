@@ -11,7 +11,7 @@ the gradient of each input, in the order of the forward's arguments.
 The ops below are the readable path: plain NumPy, written from the equations in their docstrings.
 An op marked `@twin` has a twin of the same name and signature (Numba loops, threaded matrix
 products), tested against it: in kernels.py for the ops here and the transformer's, in a family's
-own twins module (its TWINS, e.g. lstm_twins.py) for a family's. Twins are keyed by the op's bare
+own twins module (its TWINS, e.g. families/lstm_twins.py) for a family's. Twins are keyed by the op's bare
 name, so a name may be twinned once: a second op of the same name fails at import. Which one runs
 is the one switch of the project:
 

@@ -1,8 +1,8 @@
 """The geometry of Bayesian attention (Paper I): the probes of a trained wind-tunnel transformer, each a
 function from a model's parameters and activations to numbers, and beside every headline statistic the
-controls that could carry it instead of the claim. geometry.py runs them on a checkpoint; DEFINITIONS
+controls that could carry it instead of the claim. geometry/run.py runs them on a checkpoint; DEFINITIONS
 below is the one place where every probe and control is defined (geometry.json carries it). The
-statistics they share (PCA, correlations, held-out readouts, dominance) are in measures.py.
+statistics they share (PCA, correlations, held-out readouts, dominance) are in geometry/measures.py.
 
 The claims and their probes:
   1. key_frame        stage 1: layer-0 keys of the hypothesis tokens are near-orthogonal
@@ -17,7 +17,7 @@ The claims and their probes:
   4. logit_lens       the belief is refined layer by layer in the residual stream
   5. ablations        removing one head (by zero, the mean at each position, the overall mean, or another
                       sequence's output), scored by KL and by the paper metric
-  6. formation.py     across training snapshots: the frame settles before the calibration; controls: the
+  6. geometry/formation.py     across training snapshots: the frame settles before the calibration; controls: the
                       initialisation's overlap with the final frame, and the overlap of the change since it
 
 Notation: n sequences, T tokens per sequence, P answer positions per sequence (cols), C width, NH heads,
@@ -37,9 +37,9 @@ import numpy as np  # noqa: E402
 
 import bayesattn as ba  # noqa: E402
 import layers as ly  # noqa: E402
-import measures as ms  # noqa: E402
-import tasks  # noqa: E402
-import windtunnels as wt  # noqa: E402
+from geometry import measures as ms  # noqa: E402
+from tunnels import tasks  # noqa: E402
+from tunnels import windtunnels as wt  # noqa: E402
 from evaluation import answers, calibration as _calibration  # noqa: E402
 
 PROBE_SEED = 2_000_003      # held-out stream of the probes (training draws default_rng((seed, step)))
@@ -194,7 +194,7 @@ AUTHORS_NUMBERS = {   # what the authors report, for the side-by-side table
 
 def task_of(cfg, meta):
     """-> the task of a checkpoint, from its meta (older checkpoints: from the vocabulary)."""
-    import hmm
+    from tunnels import hmm
     task = meta.get("task") or ("hmm" if cfg.vocab_size == hmm.VOCAB else "bijection")
     if task not in tasks.TASKS or meta.get("replacement"):
         raise ValueError(f"task {task!r}{' with replacement' if meta.get('replacement') else ''}: the geometry "
@@ -204,7 +204,7 @@ def task_of(cfg, meta):
 
 def task_module(task, *hooks):
     """The task's module, with the hooks a probe reads; ValueError in one line naming one it lacks
-    (geometry.py skips the probes a task cannot feed before it calls them)."""
+    (geometry/run.py skips the probes a task cannot feed before it calls them)."""
     mod = tasks.task(task)
     missing = [h for h in hooks if not hasattr(mod, h)]
     if missing:
@@ -734,7 +734,7 @@ def ablations(params, cfg, batch, clean=None, methods=ABLATIONS):
 
 
 # ----------------------------------------------------------------------------
-# probe 6 (formation.py): one snapshot, measured, and the frame it holds
+# probe 6 (geometry/formation.py): one snapshot, measured, and the frame it holds
 
 def frame_matrix(params, task, cfg):
     """F = LN1(wte[h]) over the hypothesis tokens h: (n, C), the authors' 'embedding' frame."""

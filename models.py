@@ -27,7 +27,7 @@ and, where it has them (a documented default applies where it does not):
                                                task's optimisation it sets otherwise (its own tuned lr,
                                                init), over the task's; a task or preset it does not
                                                name: its Config's defaults and the task's optimisation
-    PROBES = True                              geometry.py's probes apply (they read attention)
+    PROBES = True                              geometry/run.py's probes apply (they read attention)
     TWINS = "module name"                      the module of the family's Numba twins, loaded with the family
                                                (it hands them to kernels.add_twins; kernels.py says how)
 
@@ -46,10 +46,10 @@ import layers as ly
 
 FAMILIES = {
     "transformer": "bayesattn",
-    "mlp": ("mlp_baseline", {"inputs": "token"}),          # the authors' MLP: one token and its position
-    "prefix-mlp": ("mlp_baseline", {"inputs": "prefix"}),  # an MLP that sees the whole prefix
-    "lstm": "lstm",
-    "ssm": "mamba",                                        # the selective state-space model (Mamba)
+    "mlp": ("families.mlp_baseline", {"inputs": "token"}),          # the authors' MLP: one token and its position
+    "prefix-mlp": ("families.mlp_baseline", {"inputs": "prefix"}),  # an MLP that sees the whole prefix
+    "lstm": "families.lstm",
+    "ssm": "families.mamba",                                        # the selective state-space model (Mamba)
 }
 SHARED_FIELDS = ("vocab_size", "n_classes", "max_len", "d_model", "n_layers", "dtype")
 DEFAULT_ACTIVATIONS = 16    # the default memory estimate: activations of (B, T, d_model) held per layer

@@ -696,7 +696,7 @@ def test_config_rejects_bad_values():
 
 @pytest.mark.parametrize("pos", ["learned", "sinusoidal"])
 def test_param_shapes_are_init_params_shapes(pos):
-    import mlp_baseline as mb
+    from families import mlp_baseline as mb
     cfg = ba.Config(vocab_size=7, n_classes=5, max_len=6, d_model=8, n_layers=2, n_heads=2, pos=pos)
     assert ba.param_shapes(cfg) == {k: v.shape for k, v in ba.init_params(cfg).items()}
     assert models.param_shapes("transformer", cfg) == ba.param_shapes(cfg)

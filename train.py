@@ -4,13 +4,12 @@
                                                       # authors' MLP side by side (minutes)
     python train.py                                   # bijection wind tunnel (format a), the CPU-sized default
     python train.py --task hmm --preset paper --soft
-    python train.py --task sticky --compare-em        # Paper II: SGD against the EM-like schedule
     python train.py --eval-only runs/bijection-transformer-default/checkpoint.npz
 
 Writes runs/<name>/: checkpoint.npz, metrics.json, log.csv, snapshots/, geometry.json and the figures.
-This file is what runs in which order; its flags, each once in one table and checked once, are flags.py's.
-The families are models.py's, the tasks tasks.py's, the loop training.py's, the numbers evaluation.py's,
-the figures plots.py's.
+This file is what runs in which order; its flags, each once in one table and checked once, are harness/flags.py's.
+The families are models.py's, the tasks tunnels/tasks.py's, the loop training.py's, the numbers evaluation.py's,
+the figures harness/plots.py's.
 """
 
 import os
@@ -27,18 +26,18 @@ import time  # noqa: E402
 import numba  # noqa: E402
 import numpy as np  # noqa: E402
 
-import cot  # noqa: E402
+from primitives import cot  # noqa: E402
 import layers  # noqa: E402
 import models  # noqa: E402
 import optim  # noqa: E402
-import plots  # noqa: E402
-import runs  # noqa: E402
-import tasks  # noqa: E402
+from harness import plots  # noqa: E402
+from harness import runs  # noqa: E402
+from tunnels import tasks  # noqa: E402
 import training  # noqa: E402
-from checkpoints import CheckpointNotSaved, load_checkpoint, save_checked, versions, write_json  # noqa: E402
+from harness.checkpoints import CheckpointNotSaved, load_checkpoint, save_checked, versions, write_json  # noqa: E402
 from evaluation import evaluate  # noqa: E402
-from flags import (OPTIMIZER, STICKY, baseline_config, context, fail, fit_positions, flag_table,  # noqa: E402, F401
-                   model_config, parse_args)
+from harness.flags import (OPTIMIZER, STICKY, baseline_config, fail, fit_positions, flag_table,  # noqa: E402
+                           model_config, parse_args)
 
 
 N_SNAPSHOTS = 24        # light parameter snapshots at log-spaced steps (the frame-precision probe)
@@ -73,7 +72,7 @@ def run_meta(args, model, step, steps, seconds=0.0):
 def bayes_loss_bits(batch, soft=False):
     """The loss floor of this batch, in bits: the cross-entropy of the sampled targets under the exact
     posterior, or with soft targets the posterior's own entropy (so loss - floor is then the KL)."""
-    import windtunnels as wt
+    from tunnels import windtunnels as wt
     mask = batch["mask"] > 0
     if soft:
         return float(wt.entropy_bits(batch["posterior"][mask]).mean())
@@ -153,7 +152,7 @@ def train_model(args, name, cfg, params, opt_state, start, steps, main, bar, cos
 
 def evaluate_run(args, name, params, cfg):
     """Held-out metrics, and on the task's variants (the HMM's longer K) the same under its VARIANTS key;
-    where the task's batches are chains of thought (its chain_layout), the model also runs free (cot.py) and
+    where the task's batches are chains of thought (its chain_layout), the model also runs free (primitives/cot.py) and
     its final answers are scored against the exact posterior given the context alone, under "free_run"."""
     predict = lambda tok: models.predict_proba(name, params, tok, cfg)
     sets = tasks.held_out_sets(args.task, args.settings, args.eval_seqs, args.seed)
@@ -312,8 +311,9 @@ def check_memory(args, name, cfg, sizes, eval_seqs, eval_flags):
 
 
 def dispatch(args):
-    if args.task == STICKY:
-        return paper_two(args)
+    if args.task == STICKY:                                     # Paper II's experiments have their own command
+        fail("--task sticky is Paper II's chain: its experiments run with python -m dynamics.run (the same flags, "
+             "without --task sticky)")
     if args.eval_only:
         return eval_only(args)
     args.figures = args.figures or args.out                     # a run's figures stay in its directory
@@ -408,15 +408,15 @@ def token_run(args, sizes, cfg):
     draw_figures(args, results, traces, args.figures, run_name)
     print(summary_table(results, gap, tasks.task(args.task)))
     if results and not args.no_geometry:
-        import geometry                                  # the geometry probes, into runs/<name>/geometry.json
-        import verdicts
+        from geometry import run as geometry                                  # the geometry probes, into runs/<name>/geometry.json
+        from geometry import verdicts
         try:
             g = geometry.analyze(os.path.join(args.out, "checkpoint.npz"), fig_dir=args.figures)
         except ValueError as e:                          # a family whose forward keeps no streams to probe
             print(f"geometry: skipped: {e}")
         else:
             print(f"geometry: {os.path.join(args.out, 'geometry.json')} and {args.figures}/geometry_*.png; the "
-                  f"verdicts (python geometry.py {os.path.join(args.out, 'checkpoint.npz')} prints every number):")
+                  f"verdicts (python -m geometry.run {os.path.join(args.out, 'checkpoint.npz')} prints every number):")
             print("\n".join("  " + line for line in verdicts.lines(g["verdicts"])))
             for probe, why in g.get("skipped_probes", {}).items():
                 print(f"geometry: skipped {probe}: {why}")
@@ -600,69 +600,6 @@ def eval_only(args):
         runs.release(args.figures)
     print("figures: " + ", ".join(paths))
     return results[name]
-
-
-# ----------------------------------------------------------------------------
-# Paper II on the sticky chain: its experiments (dynamics.py), each through training.train
-
-def paper_two(args):
-    """Paper II's experiments. Like a token run, each keeps its progress in --out (the one-head run: its
-    step; --compare-em: each of its runs as it finishes; --deep: each finished seed and the one in
-    progress), stops at --stop-after or a stop signal, continues with --resume, and a finished one is
-    replaced only with --overwrite."""
-    import dynamics
-    where = context(args).split(":")[1]
-    steps, chain = args.steps or 1000, args.chain
-    if where == "deep":
-        lr = args.lr or dynamics.DEEP_LR
-        read = lambda: dynamics.deep_progress(args.out, steps=steps, lr=lr, chain=chain)
-        done = lambda p: max((state[3] for state in p["states"].values()), default=0)
-        run = lambda p: dynamics.run_deep(chain, steps, args.out, lr=lr, stop=args.stop_after, progress=p)
-        what = "the seed in progress is already at step {}; give a later step"
-    elif where == "compare-em":
-        kw = dict(steps=steps, lr=args.lr or dynamics.SGD_LR, quick=args.preset == "quick", chain=chain)
-        read = lambda: dynamics.compare_em_progress(args.out, **kw)
-        done = len
-        run = lambda p: dynamics.compare_em(out_dir=args.out, stop=args.stop_after, progress=p, **kw)
-        what = "{} of its runs are already done; give a larger number"
-    else:
-        kw = dict(steps=steps, seed=args.seed, lr=args.lr or dynamics.SGD_LR, sigma=args.sigma, chain=chain)
-        read = lambda: dynamics.one_head_progress(args.out, **kw)
-        done = lambda p: p[1]["step"]
-        run = lambda p: dynamics.run_sticky(out_dir=args.out, stop=args.stop_after, progress=p, **kw)
-        what = "the run is already at step {}; give a later step"
-    held = dynamics.files(where, args.out) if os.path.isdir(args.out) else []
-    name = {"deep": "the deep variant", "compare-em": "the comparison (--compare-em)"}.get(where, "the one-head run")
-    if args.resume and dynamics.FINAL[where] in held:
-        fail(f"--resume: {name} in --out {args.out!r} is finished ({dynamics.FINAL[where]} written); --overwrite "
-             f"replaces it")
-    if args.resume and not dynamics.progress_files(held):
-        fail(f"--resume: --out {args.out!r} holds no progress of {name} to continue")
-    take(args, held, resumable=dynamics.FINAL[where] not in held)
-    try:
-        try:
-            progress = read() if args.resume else None
-        except ValueError as e:
-            fail(f"--resume: {e}")
-        if args.stop_after is not None and progress is not None and args.stop_after <= done(progress):
-            fail(f"--stop-after {args.stop_after}: {what.format(done(progress))}, or leave --stop-after out to "
-                 f"finish the run")
-        if args.overwrite:                                      # every check passed: now the old run goes
-            runs.remove_run(args.out, held)
-        result = run(progress)
-    except training.TrainingStopped as e:                        # a loss that turned non-finite
-        fail(str(e))
-    except dynamics.Stopped as e:                                # saved at --stop-after: --resume continues
-        print(e)
-        return None
-    except training.Interrupted as e:                            # saved at a stop signal: --resume continues
-        print(f"\n{e}", file=sys.stderr)
-        sys.exit(130)
-    finally:
-        runs.release(args.out)
-    if where == "one-head":
-        print(dynamics.sticky_table(result, os.path.join(args.out, "sticky_metrics.json")))
-    return result
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 Every run trains through `train`: the transformer and the baselines of train.py, Paper II's three arms
 on the sticky chain (SGD, EM-like, a true M-step), its deep variant and the timescales experiment of
-dynamics.py. What differs between them is the step (a function of the step index that draws its batch
+dynamics/experiments.py. What differs between them is the step (a function of the step index that draws its batch
 and updates the parameters) and what happens after each step (logging, snapshots, checkpoints); the
 loop itself, the non-finite guard, the timing and the handling of Ctrl-C, SIGTERM and SIGHUP are
 written once, here.
@@ -35,7 +35,7 @@ def train_step(loss_and_grads, params, opt_state, tokens, targets, mask, lr, wei
     """One step, in place on params and opt_state: the loss and every gradient, global-norm clipping at
     GRAD_CLIP, one AdamW step (weight decay on the names in decay; None: every matrix).
     -> (loss in nats, gradient norm before clipping). When either is not finite nothing is updated.
-    on_grads(grads), if given, sees the gradients before clipping (dynamics.py logs their norms)."""
+    on_grads(grads), if given, sees the gradients before clipping (dynamics/experiments.py logs their norms)."""
     with np.errstate(over="ignore", invalid="ignore"):
         loss, grads = loss_and_grads(params, tokens, targets, mask)
         if on_grads is not None:

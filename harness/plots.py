@@ -1,0 +1,333 @@
+"""plots: the figures of training runs and of the matrix, drawn from the numbers the runs computed (the geometry
+probes' figures are geometry/plots_geometry.py's, Paper II's dynamics/plots_dynamics.py's).
+
+Each function takes what it draws (metrics, probe results, loss curves) and a path, writes one
+PNG there and returns the path. Nothing here computes a reported number.
+"""
+
+import numpy as np
+
+def _plt():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def _save(fig, path, dpi=120):
+    fig.savefig(path, dpi=dpi)
+    _plt().close(fig)
+    return path
+
+
+# ----------------------------------------------------------------------------
+# training runs: calibration, single sequences, length generalisation (train.py)
+
+def plot_calibration(results, task, label, path):
+    """Every model's entropy by answer index against the exact posterior's (top), and its error |H_model - H_Bayes|
+    on a log scale (bottom), so that 0.002 and 0.02 bits look different; label: the task's ANSWER_LABEL."""
+    plt = _plt()
+    from matplotlib.ticker import MaxNLocator
+    fig, (ax, err) = plt.subplots(2, 1, figsize=(6.4, 6.4), sharex=True,
+                                  gridspec_kw={"height_ratios": (3, 2)})
+    first = next(iter(results.values()))
+    pos = [r["position"] for r in first["per_position"]]
+    ax.plot(pos, [r["H_bayes"] for r in first["per_position"]], "k-", lw=3, alpha=0.35, label="exact Bayes")
+    for name, m in results.items():
+        line, = ax.plot(pos, [r["H_model"] for r in m["per_position"]], "o-", ms=3,
+                        label=f"{name} (paper metric {m['entropy_mae_bits']:.3g} bits)")
+        gap = [max(abs(r["H_model"] - r["H_bayes"]), 1e-6) for r in m["per_position"]]
+        err.semilogy(pos, gap, "o-", ms=3, color=line.get_color(), label=name)
+    ax.set_ylabel("predictive entropy (bits)\n(mean over held-out sequences)")
+    ax.set_ylim(bottom=0)
+    ax.set_title(f"{task}: model entropy against the exact posterior")
+    if len(results) <= 2:                                    # one row below the panel
+        ax.legend(frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=len(results) + 1, fontsize=8)
+    else:                                                    # more runs (harness/compare.py): inside, where the curves fall
+        ax.legend(frameon=False, loc="lower left", fontsize=7)
+    err.set_ylabel("|H_model - H_Bayes| (bits)")
+    err.set_xlabel(label)
+    err.grid(alpha=0.3, which="major")
+    err.xaxis.set_major_locator(MaxNLocator(integer=True))
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_groups(results, task, path):
+    """Each model's answer groups (evaluation.group_metrics): its mean entropy against the exact posterior's
+    (left) and its KL (right, log scale), one bar per model in each group, the accuracy on one-hot answers
+    printed where the group has them."""
+    plt = _plt()
+    groups = list(next(iter(results.values()))["groups"])
+    fig, (ax, kl) = plt.subplots(1, 2, figsize=(8.4, 3.6))
+    width = 0.8 / (len(results) + 1)
+    x = np.arange(len(groups))
+    exact = [next(iter(results.values()))["groups"][g]["h_bayes_bits"] for g in groups]
+    ax.bar(x, exact, width, color="k", alpha=0.35, label="exact Bayes")
+    for i, (name, m) in enumerate(results.items()):
+        g = [m["groups"][k] for k in groups]
+        ax.bar(x + (i + 1) * width, [v["h_model_bits"] for v in g], width, color=f"C{i}", label=name)
+        bars = kl.bar(x + i * width, [max(v["kl_bits"], 1e-6) for v in g], width, color=f"C{i}", label=name)
+        for b, v in zip(bars, g):
+            if "accuracy" in v:
+                kl.annotate(f"acc. {v['accuracy']:.3f}", (b.get_x() + b.get_width() / 2, b.get_height()), fontsize=6,
+                            ha="center", va="bottom")
+    ax.set_xticks(x + width * len(results) / 2, groups)
+    kl.set_xticks(x + width * (len(results) - 1) / 2, groups)
+    ax.set_ylabel("mean predictive entropy (bits)")
+    kl.set_yscale("log")
+    kl.set_ylabel("KL(posterior || model) (bits)")
+    ax.legend(frameon=False, fontsize=7)
+    fig.suptitle(f"{task}: the answers by group", fontsize=10)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_traces(traces, task, label, path):
+    """Four held-out sequences: the model's entropy at each answer against that sequence's own posterior. Where
+    every sequence has the same posterior entropies (a function of the position alone, as in format a), the
+    title says the panels differ only in the model."""
+    plt = _plt()
+    from matplotlib.ticker import MaxNLocator
+    fig, axes = plt.subplots(2, 2, figsize=(8, 5), sharex=True, sharey=True)
+    for s, ax in enumerate(axes.ravel()):
+        x = np.arange(1, traces["h_bayes"].shape[1] + 1)
+        ax.plot(x, traces["h_bayes"][s], "k-", lw=3, alpha=0.35, label="this sequence's posterior")
+        ax.plot(x, traces["h_model"][s], "o-", ms=3, label="model")
+        ax.set_title(f"held-out sequence {s}", fontsize=9)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="lower center", ncol=2, frameon=False, fontsize=8)
+    for ax in axes[1]:
+        ax.set_xlabel(label)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("entropy (bits)")
+    same = np.allclose(traces["h_bayes"][:4], traces["h_bayes"][0])
+    fig.suptitle(f"{task}: single sequences" + ("\nevery sequence has the same posterior entropy at each position (a "
+                                                "function of the position alone),\nso the panels differ only in the "
+                                                "model" if same else ""), fontsize=10 if same else 12)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))                   # the legend below the panels, off the data
+    return _save(fig, path)
+
+
+def variant_curves(metrics, key):
+    """A run's metrics and its task's VARIANTS key -> {label: dict(per_position, kl_bits)}, what plot_variants
+    draws (the first label: the run's own settings)."""
+    return {label: dict(per_position=v, kl_bits=metrics[key][label]) for label, v in metrics[key + "_curves"].items()}
+
+
+def plot_variants(curves, path, label_format="{}", xlabel="answer index i", title="held-out variants"):
+    """KL by answer index on each held-out variant of a task (log scale; the HMM: each length K), the last
+    answer of the first (the run's own settings: for the HMM, its training length) marked."""
+    plt = _plt()
+    from matplotlib.ticker import MaxNLocator
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for label, m in curves.items():
+        ax.semilogy([r["position"] for r in m["per_position"]], [max(r["kl"], 1e-7) for r in m["per_position"]],
+                    "o-", ms=3, label=f"{label_format.format(label)} (mean {m['kl_bits']:.2g} bits)")
+    first = next(iter(curves))
+    ax.axvline(len(curves[first]["per_position"]), color="gray", ls=":",
+               label=f"the run's own setting ({label_format.format(first)})")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("KL(posterior || model) (bits)")
+    ax.set_title(title, fontsize=10)
+    ax.legend(frameon=False, loc="lower right", fontsize=8)
+    ax.grid(alpha=0.3, which="major")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def row_label(family, layers=None):
+    """A matrix row's name: the family, and a depth row's layers ("transformer, 1 layer")."""
+    return family + (f", {layers} layer{'s' if layers > 1 else ''}" if layers else "")
+
+
+def plot_primitives(rows, path, good, partial, primitive=None, floors=None, depths=None):
+    """The measured matrix (matrix.table rows): families (and the transformer's depth rows) down, tasks across,
+    each cell coloured by its score (mean over seeds), the scores per seed and the mark printed; the authors'
+    hand-drawn mark beside it where their figure has the cell, and a run of 4x the steps where one was trained
+    (matrix.X4_RULE); primitive: {task: what it exercises}; floors:
+    {task: its shortcut's score}, under the task's name; depths: {task: the transformer row's layers}, said
+    in the depth row's cell that the transformer row already is."""
+    plt = _plt()
+    task_names = list(dict.fromkeys(r["task"] for r in rows))
+    fams = list(dict.fromkeys((r["family"], r["layers"]) for r in rows))
+    grid = np.full((len(fams), len(task_names)), np.nan)
+    fig, ax = plt.subplots(figsize=(2.2 + 2.3 * len(task_names), 1.2 + 0.62 * len(fams)))
+    for r in rows:
+        i, j = fams.index((r["family"], r["layers"])), task_names.index(r["task"])
+        grid[i, j] = np.mean(r["score"]) if r["score"] else np.nan      # a cell sitting out: blank
+        authors = "" if r.get("authors") is None else f"\nauthors: {r['authors']}"
+        x4 = f"\n4x the steps: {np.floor(r['score_4x'] * 100) / 100:.2f} {r['mark_4x']}" if "score_4x" in r else ""
+        scores = " / ".join(f"{np.floor(s * 100) / 100:.2f}" for s in r["score"])
+        ax.text(j, i, f"{scores}  {r['verdict']}{authors}{x4}",
+                ha="center",
+                va="center", fontsize=7)
+    for j, t in enumerate(task_names):
+        if depths and ("transformer", depths.get(t)) in fams:
+            ax.text(j, fams.index(("transformer", depths[t])), "the transformer row\n(its preset's depth)",
+                    ha="center", va="center", fontsize=7, color="gray")
+    im = ax.imshow(np.clip(grid, 0, 1), cmap="RdYlGn", vmin=0, vmax=1, aspect="auto")
+    floor = lambda t: "" if not floors or floors.get(t) is None else f"; shortcut {np.floor(floors[t] * 100) / 100:.2f}"
+    ax.set_xticks(range(len(task_names)), [t + (f"\n({primitive[t]}{floor(t)})" if primitive and t in primitive else "")
+                                           for t in task_names])
+    ax.set_yticks(range(len(fams)), [row_label(f, L) for f, L in fams])
+    fig.colorbar(im, ax=ax, label="score: 1 - KL(model) / KL(uniform)")
+    ax.set_title(f"the primitives, measured (per seed; mark: {good:g} and above, ~ from {partial:g}, "
+                 f"below it a cross)", fontsize=9)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_variants_across(runs, path, label_format="{}", xlabel="answer index i", title="held-out variants"):
+    """runs {label: variant_curves(...)}: KL by answer index, one colour per run, one line style per variant
+    (the HMM: K = 20 solid, 30 dashed, 50 dotted), the first variant's last answer marked."""
+    plt = _plt()
+    from matplotlib.ticker import MaxNLocator
+    fig, ax = plt.subplots(figsize=(7.2, 4.6))
+    styles = ["-", "--", ":", "-."]
+    for c, (name, curves) in enumerate(runs.items()):
+        for s, (label, m) in enumerate(curves.items()):
+            ax.semilogy([r["position"] for r in m["per_position"]], [max(r["kl"], 1e-7) for r in m["per_position"]],
+                        styles[s % len(styles)], color=f"C{c}", lw=1.5,
+                        label=f"{name}, {label_format.format(label)} (mean {m['kl_bits']:.2g} bits)")
+    first = next(iter(next(iter(runs.values())).values()))
+    ax.axvline(len(first["per_position"]), color="gray", ls=":", lw=1)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("KL(posterior || model) (bits)")
+    ax.set_title(title, fontsize=10)
+    ax.legend(frameon=False, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    ax.grid(alpha=0.3, which="major")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_learning_curves(curves, path):
+    """matrix.learning_curves: one panel per task, each family's KL estimate (training loss above the exact
+    posterior's) against the sequences it has seen, log scales: how fast each family learns, not only where
+    it ends."""
+    plt = _plt()
+    fig, axes = plt.subplots(1, max(1, len(curves)), figsize=(3.6 * max(1, len(curves)) + 1.6, 3.4), squeeze=False)
+    labels = list(dict.fromkeys(label for fams in curves.values() for label in fams))    # one colour a row, every panel
+    for ax, (task, fams) in zip(axes[0], curves.items()):
+        for label, (seen, kl) in fams.items():
+            ax.loglog(seen, np.maximum(kl, 1e-4), "-", color=f"C{labels.index(label) % 10}", lw=1.2, label=label)
+        ax.set_title(task, fontsize=9)
+        ax.set_xlabel("sequences seen")
+        ax.grid(alpha=0.3, which="major")
+    axes[0][0].set_ylabel("training loss above exact Bayes (bits):\nthe KL, estimated on each batch")
+    handles = {h.get_label(): h for ax in axes[0] for h in ax.get_lines()}
+    axes[0][-1].legend([handles[k] for k in labels], labels, frameon=False, fontsize=7, loc="upper left",
+                       bbox_to_anchor=(1.02, 1))
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_sweep(rows, path, sweep, shortcut=None):
+    """A recall sweep (matrix.sweep_table rows): each family's score against the stored pairs (capacity) or the
+    filler (distance), a hollow marker where its training loss was not flat (matrix.flat), each point labelled
+    with the floats its family carries from step to step; beside it the stored pairs it answers
+    (matrix.pairs_answered) against every pair and, where given, the shortcut's ({point: pairs answered});
+    the families that sit a point out named in the legend."""
+    plt = _plt()
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.6))
+    key = "pairs" if sweep == "capacity" else "filler"
+    x_of = lambda r: int(r["point"][len(key):])
+    for c, fam in enumerate(dict.fromkeys(r["family"] for r in rows)):
+        mine = sorted((r for r in rows if r["family"] == fam), key=x_of)
+        ran = [r for r in mine if "sits_out" not in r and "failed" not in r]
+        out = [x_of(r) for r in mine if "sits_out" in r or "failed" in r]
+        label = fam + (f" (sits out at {', '.join(map(str, out))})" if out else "")
+        ax.plot([x_of(r) for r in ran], [r["score"] for r in ran], "-", color=f"C{c}", label=label)
+        answered = [r for r in ran if r.get("answered") is not None]
+        bx.plot([x_of(r) for r in answered], [r["answered"] for r in answered], "-", color=f"C{c}", label=label)
+        for r in ran:
+            fill = dict(color=f"C{c}", mfc=f"C{c}" if r["flat"] else "white")
+            ax.plot(x_of(r), r["score"], "o", **fill)
+            if r.get("answered") is not None:
+                bx.plot(x_of(r), r["answered"], "o", **fill)
+            if r["state_floats"] is not None:
+                ax.annotate(f"{r['state_floats']:,}", (x_of(r), r["score"]), fontsize=6, xytext=(3, 3),
+                            textcoords="offset points", color=f"C{c}")
+    xs = sorted({x_of(r) for r in rows})
+    pairs = sorted({r["pairs"] for r in rows if "pairs" in r})
+    every = xs if key == "pairs" else [pairs[-1] if pairs else 0] * len(xs)
+    bx.plot(xs, every, color="grey", ls="--", lw=0.8, label="every stored pair")
+    if shortcut:
+        bx.plot(xs, [shortcut[f"{key}{x}"] for x in xs], color="grey", ls=":", lw=0.8,
+                label="the shortcut: the commonest stored value, not its key's")
+    for a in (ax, bx):
+        a.set_xscale("symlog" if key == "filler" else "log", base=2)
+        a.set_xlabel("stored pairs" if key == "pairs" else "longest filler run (8 pairs)")
+        a.grid(alpha=0.3)
+    if key == "pairs":
+        bx.set_yscale("log", base=2)
+    ax.set_ylabel("score: 1 - KL(model) / KL(uniform)")
+    bx.set_ylabel("stored pairs answered (accuracy x pairs)")
+    ax.set_title(f"recall, {'capacity' if key == 'pairs' else 'distance'}: the score (numbers: floats carried "
+                 f"from step to step;\nhollow: training loss not flat at the end)", fontsize=9)
+    bx.set_title("the pairs held: accuracy on stored keys x the pairs", fontsize=9)
+    bx.legend(frameon=False, fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_layers(rows, path, max_hops):
+    """The depth experiment (depth.verdicts rows): the KL of the answers of h hops against h, one line per model
+    (the transformer by depth, the others by name), the direct models in one panel (a run of 4x the steps,
+    depth.X4_RULE, dotted) beside the chains of thought running free; then the share hallucinated, direct
+    solid and chain of thought dashed. Each point: the mean over the row's seeds."""
+    plt = _plt()
+    fig, (ax, cx, bx) = plt.subplots(1, 3, figsize=(15, 4.4))
+    models_ = list(dict.fromkeys((r["family"], r["layers"]) for r in rows))
+    for i, (family, layers) in enumerate(models_):
+        for r in (r for r in rows if (r["family"], r["layers"]) == (family, layers)):
+            hs = [h for h in range(1, max_hops + 1) if all(h in g for g in r["groups"])]
+            mean = lambda f: [sum(f(g[h]) for g in r["groups"]) / len(r["groups"]) for h in hs]
+            mode = ", 4x the steps" if r.get("x4") else ""
+            style = dict(color=f"C{i}", marker="o", ms=3, label=row_label(family, layers) + mode)
+            (cx if r["cot"] else ax).plot(hs, mean(lambda g: g["kl_bits"]), ls=":" if r.get("x4") else "-", **style)
+            if not r.get("x4"):
+                bx.plot(hs, mean(lambda g: g["hallucinated"]), ls="--" if r["cot"] else "-", **style)
+    first = rows[0]["groups"][0]
+    hs = sorted(first)
+    for a in (ax, cx):
+        a.plot(hs, [first[h]["prior_kl_bits"] for h in hs], color="grey", ls="--", lw=0.8, label="uniform guess")
+        a.set_yscale("log")
+        a.set_ylabel("KL(exact posterior || model), bits")
+    ax.sharey(cx)
+    ax.set_title("direct: the answer in one pass (4x the steps dotted)", fontsize=9)
+    cx.set_title("chain of thought, running free: its own hops, then the answer", fontsize=9)
+    bx.set_ylabel("share hallucinated")
+    bx.set_title("confident and wrong: over 1/2 on an answer the posterior\ngives under 5% "
+                 "(direct solid, chain of thought dashed)", fontsize=9)
+    for a in (ax, cx, bx):
+        a.set_xlabel("hops h")
+        a.set_xticks(range(1, max_hops + 1))
+        a.grid(alpha=0.3)
+    ax.legend(frameon=False, fontsize=6, ncol=2)
+    cx.legend(frameon=False, fontsize=6, ncol=2)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_free(ex, task, path):
+    """A chain of thought running free on a few held-out sequences (cot.examples): the distribution of the
+    answer it ends on, against the exact posterior of that answer given the context alone."""
+    plt = _plt()
+    k, K = ex["posterior"].shape
+    fig, axes = plt.subplots(1, k, figsize=(3.2 * k, 3.0), squeeze=False)
+    x = np.arange(K)
+    for i, ax in enumerate(axes[0]):
+        ax.bar(x - 0.2, ex["posterior"][i], 0.4, color="black", label="exact posterior")
+        ax.bar(x + 0.2, ex["p_free"][i], 0.4, color="C1", label="model, running free")
+        ax.set_title(f"sequence {ex['rows'][i]}, h = {ex['hops'][i]} (dropped {ex['dropped'][i]:.1g})", fontsize=8)
+        ax.set_xlabel("final answer")
+        ax.set_ylim(0, 1.05)
+    axes[0][0].set_ylabel("probability")
+    axes[0][0].legend(frameon=False, fontsize=7)
+    fig.suptitle(f"{task}: the answer a chain of thought ends on when it writes its own hops", fontsize=9)
+    fig.tight_layout()
+    return _save(fig, path)
+

@@ -1,0 +1,147 @@
+"""Smoke tests of bench/transformer.py: `--quick` runs end to end in under a minute, bad arguments fail in one line."""
+
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository's folder
+LAST_LINE = re.compile(r"worst ratio ours/torch: (nan|\d+\.\d+)")
+PRODUCTS_LINE = re.compile(r"  the step's (\d+) layer products alone \(matmul, matmul_tn; attention's own products "
+                           r"count in the rest\): \d+\.\d\d ms \(IQR .*\)  \d+\.\d GFLOP/s = \d+% of 2-thread "
+                           r"sgemm; at 50% a step takes \d+\.\d ms, which leaves -?\d+\.\d ms for the rest "
+                           r"\(now -?\d+\.\d ms\)")
+
+
+def run_bench(*args, timeout=900):
+    return subprocess.run([sys.executable, "-m", "bench.transformer", *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def test_quick_runs_and_ends_with_the_worst_ratio():
+    start = time.perf_counter()
+    out = run_bench("--quick")
+    seconds = time.perf_counter() - start
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.strip().splitlines()
+    assert LAST_LINE.fullmatch(lines[-1]), f"last line {lines[-1]!r}"
+    assert any("sgemm" in line for line in lines) and any("peak RSS" in line for line in lines)
+    assert sum("ours with 1 Numba thread" in line for line in lines) == 2      # one per quick shape
+    products = [PRODUCTS_LINE.fullmatch(line) for line in lines if "layer products alone" in line]
+    assert len(products) == 2 and all(products), [line for line in lines if "products" in line]
+    assert [int(m.group(1)) for m in products] == [21, 21]         # 18 per layer + 3 for the unembedding
+    assert sum(line.startswith("an almost empty parallel loop: ") for line in lines) == 1
+    assert sum("(1 thread " in line for line in lines) == 2 * 9                # each kernel, each shape
+    print(f"bench/transformer.py --quick took {seconds:.0f} s")    # informative only: CI's cores are shared
+
+
+@pytest.mark.parametrize("args", [["--repeats", "0"], ["--repeats", "many"], ["--shapes", "bij-default,nope"],
+                                  ["--no-such-flag"]])
+def test_bad_arguments_give_one_line_and_exit_code_2(args):
+    out = run_bench(*args, timeout=900)
+    assert out.returncode == 2, out.stderr
+    assert out.stdout == ""
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("python -m bench.transformer: error: "), out.stderr
+
+
+def test_torch_is_optional(monkeypatch):
+    from bench import transformer as bench
+    monkeypatch.setitem(sys.modules, "torch", None)           # `import torch` now raises ImportError
+    assert bench.torch_available() is None
+
+
+def test_step_products_records_the_layer_products_and_restores_matmul():
+    import numpy as np
+    import bayesattn as ba
+    from bench import transformer as bench
+    import kernels
+    import layers
+    before = dict(layers.FAST)
+    cfg = ba.Config(vocab_size=7, n_classes=5, max_len=6, d_model=8, n_layers=2, n_heads=2, dtype="float32")
+    rng = np.random.default_rng(0)
+    batch = {"tokens": rng.integers(0, 7, (3, 6)), "targets": rng.integers(0, 5, (3, 6)), "mask": np.ones((3, 6))}
+    step = bench.ours_step(cfg, ba.init_params(cfg, 0), batch)
+    with kernels.enabled():                                   # the products are the fast path's (kernels.matmul)
+        replay, flops, calls = bench.step_products(step)
+    assert layers.FAST == before                              # the switch is off again
+    assert kernels.matmul.__name__ == "matmul" and kernels.matmul_tn.__name__ == "matmul_tn"     # restored
+    assert calls == 18 * cfg.n_layers + 3
+    B, T = batch["tokens"].shape
+    assert flops == ba.step_flops(cfg, B, T) - ba.attention_flops(cfg, B, T)      # every layer product
+    replay()
+
+    with layers.use_twins({}):                                # on the NumPy path no product is the twins'
+        assert bench.step_products(step)[2] == 0
+
+    def failing_step():
+        kernels.matmul(np.ones((2, 2)), np.ones((2, 2)))
+        raise RuntimeError("boom")
+    originals = kernels.matmul, kernels.matmul_tn
+    with pytest.raises(RuntimeError):
+        bench.step_products(failing_step)
+    assert (kernels.matmul, kernels.matmul_tn) == originals                 # restored after an exception too
+
+
+def test_main_leaves_the_switch_as_it_found_it(monkeypatch):
+    """bench.main runs the benchmark inside `with kernels.enabled():` and turns the switch back after it,
+    also when the benchmark fails."""
+    from bench import transformer as bench
+    import kernels
+    import layers
+    before = dict(layers.FAST)
+    seen = []
+
+    def fake_bench(args):
+        seen.append(dict(layers.FAST))
+        raise RuntimeError("the benchmark failed")
+    monkeypatch.setattr(bench, "bench", fake_bench)
+    with pytest.raises(RuntimeError, match="the benchmark failed"):
+        bench.main(["--quick"])
+    assert set(seen[0]) == set(kernels.twins()) and all(seen[0][n] is getattr(kernels, n) for n in kernels.TWINS)
+    assert layers.FAST == before
+
+
+def test_sgemm_alone_prints_one_line_in_gflops():
+    """`python -m bench.transformer --sgemm`: the one number the documents' times are scaled by, in one line."""
+    out = run_bench("--sgemm")
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 1 and re.fullmatch(r"sgemm 2048x2048 float32, 1 BLAS thread \(best of 3 runs\): [1-9]\d* "
+                                            r"GFLOP/s  \(load [\d.]+ [\d.]+ [\d.]+\)", lines[0]), lines
+
+
+def test_the_families_bench_builds_the_same_models_in_pytorch():
+    """bench/recurrent.py: at a tiny shape, PyTorch's LSTM (nn.LSTM with our gate matrix split) and SSM (the
+    scan as a loop and chunked) give our loss at the initial parameters; without PyTorch, our step alone."""
+    import numpy as np
+    from bench import recurrent as bf
+    import models
+    for family in bf.FAMILIES:
+        cfg, params, batch = bf.setup(family, "tiny-hmm")
+        ours = float(models.loss_and_grads(family, params, batch["tokens"], batch["targets"], batch["mask"], cfg)[0])
+        if bench_torch() is None:
+            continue
+        opponents = [bf.torch_lstm(cfg, params, batch)] if family == "lstm" else \
+            [bf.torch_ssm(cfg, params, batch, chunked) for chunked in (False, True)]
+        for _, loss0 in opponents:
+            assert np.isclose(loss0, ours, rtol=1e-5), (family, loss0, ours)
+    cfg, params, batch = bf.setup("ssm", "hmm-paper")          # a preset's shape: the family's count
+    assert abs(models.count_params(params) - 691_301) / 691_301 < 0.05 and len(batch["tokens"]) == 32
+
+
+def bench_torch():
+    from bench import transformer as bench
+    return bench.torch_available()
+
+
+@pytest.mark.parametrize("args", [["--repeats", "0"], ["--shapes", "nope"], ["--quick", "--shapes", "hmm-paper"],
+                                  ["--families", "gru"], ["--families", ","]])
+def test_the_families_bench_refuses_bad_arguments_in_one_line(args):
+    out = subprocess.run([sys.executable, "-m", "bench.recurrent", *args], capture_output=True,
+                         text=True, timeout=600, cwd=ROOT)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1 and lines[0].startswith("python -m bench.recurrent: error: "), out.stderr
