@@ -136,6 +136,23 @@ def init_params(cfg, seed=0):
     return {k: v.astype(cfg.dtype) for k, v in p.items()}
 
 
+def grow(params, cfg_from, cfg, seed=0):
+    """A deeper model that computes exactly what params (cfg_from) computes: its blocks, embeddings, final
+    LayerNorm and unembedding copied, the blocks past them drawn as init_params draws them but with their
+    output maps (attn.wo, attn.bo, mlp.w2, mlp.b2) at zero, so each new block adds nothing to the residual
+    stream until training moves them (the depth experiment's growth control). cfg: cfg_from with more layers."""
+    sizes = lambda c: {k: v for k, v in asdict(c).items() if k not in ("n_layers", "dtype", "pos_limit", "init")}
+    if sizes(cfg) != sizes(cfg_from) or cfg.n_layers <= cfg_from.n_layers:
+        raise ValueError(f"a model grows by layers only: {cfg_from.n_layers} layers of width {cfg_from.d_model} "
+                         f"cannot become {cfg.n_layers} layers of width {cfg.d_model}")
+    out = init_params(cfg, seed)
+    out.update({k: v.astype(cfg.dtype) for k, v in params.items()})   # the trained blocks 0..L0-1 and the rest
+    for l in range(cfg_from.n_layers, cfg.n_layers):
+        for name in ("attn.wo", "attn.bo", "mlp.w2", "mlp.b2"):
+            out[f"blocks.{l}.{name}"] = np.zeros_like(out[f"blocks.{l}.{name}"])
+    return out
+
+
 def param_shapes(cfg):
     """name -> shape of every parameter init_params makes for cfg (checked when a checkpoint is loaded)."""
     C, M, K = cfg.d_model, cfg.d_mlp, cfg.n_classes

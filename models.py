@@ -17,6 +17,8 @@ and, where it has them (a documented default applies where it does not):
     step_flops(cfg, B, T) -> int               the floating-point operations of one training step (the
                                                progress bar's estimate of the time left); default:
                                                6 x parameters x B x T
+    grow(params, cfg_from, cfg, seed) -> params   a deeper model computing what params does (train.py
+                                               --grow-from); default: a family cannot grow
     state_floats(cfg, T) -> int                floats carried from one position to the next on T tokens (the
                                                recall sweep's state size); default: not stated (None)
     upgrade_fields(fields) -> fields           reads the config fields of older checkpoints
@@ -116,6 +118,15 @@ def count_params(shapes):
 
 def init_params(name, cfg, seed=0):
     return module(name).init_params(cfg, seed)
+
+
+def grow(name, params, cfg_from, cfg, seed=0):
+    """The family's grow(params, cfg_from, cfg, seed): a deeper model that computes what params does (the
+    transformer's: its new blocks' output maps at zero); ValueError in one line for a family without it."""
+    mod = module(name)
+    if not hasattr(mod, "grow"):
+        raise ValueError(f"model {name!r} cannot grow from a shallower checkpoint (its module has no grow)")
+    return mod.grow(params, cfg_from, cfg, seed)
 
 
 def decayed(name, param_name, shape):

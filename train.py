@@ -153,7 +153,8 @@ def train_model(args, name, cfg, params, opt_state, start, steps, main, bar, cos
 def evaluate_run(args, name, params, cfg):
     """Held-out metrics, and on the task's variants (the HMM's longer K) the same under its VARIANTS key;
     where the task's batches are chains of thought (its chain_layout), the model also runs free (primitives/cot.py) and
-    its final answers are scored against the exact posterior given the context alone, under "free_run"."""
+    its final answers are scored against the exact posterior given the context alone, under "free_run"; where
+    the task reads its answers in parts (its readings: hops' lookup and elimination), under "readings"."""
     predict = lambda tok: models.predict_proba(name, params, tok, cfg)
     sets = tasks.held_out_sets(args.task, args.settings, args.eval_seqs, args.seed)
     held_out = sets.pop("")
@@ -162,6 +163,9 @@ def evaluate_run(args, name, params, cfg):
     if layout is not None:
         metrics["free_run"] = cot.report(predict, held_out, layout)
         traces["free"] = cot.examples(predict, held_out, layout)         # the companion figure's sequences
+    read = getattr(tasks.task(args.task), "readings", None)
+    if read is not None and layout is None:                # hops, direct: the lookup and the elimination apart
+        metrics["readings"] = read(held_out, predict(held_out["tokens"]), args.settings)
     key = getattr(tasks.task(args.task), "VARIANTS", None)
     if key and sets:
         curves = {label: (metrics if batch is None else evaluate(predict, batch)[0]) for label, batch in sets.items()}
@@ -201,6 +205,8 @@ def summary_table(rows, prior_gap=None, task=None):
                          f"the final answers against the exact posterior given the context alone:")
             lines += [f"{name}, {how}, {group_line(g, v)}" for how, r in m["free_run"].items()
                       for g, v in r["groups"].items()]
+        for h, r in m.get("readings", {}).items():              # hops, direct: the lookup, the elimination
+            lines.append(f"{name}, h={h}: " + reading_line(r))
         key = getattr(task, "VARIANTS", None)
         if key and key + "_all" in m:
             fmt = getattr(task, "VARIANT_FORMAT", "{}")
@@ -208,6 +214,17 @@ def summary_table(rows, prior_gap=None, task=None):
                 f"{fmt.format(label)}: KL {g['kl_bits']:.4g}, entropy MAE (paper) {g['entropy_mae_bits']:.4g}, "
                 f"per-seq MAE {g['entropy_mae_seq_bits']:.4g}" for label, g in m[key + "_all"].items()))
     return "\n".join(lines)
+
+
+def reading_line(r):
+    """One h's two readings (tunnels/hops.readings) in one line, each beside the predictors that do one thing."""
+    acc = lambda v: "none" if v is None else f"{v:.4f}"
+    kl = lambda v: "none" if v is None else f"{v:.4g} bits"
+    look, elim, only, each = r["lookup"], r["elimination"], r["follow_shown"], r["eliminate_each_hop"]
+    return (f"lookup ({look['n']:,} one-hot answers): accuracy {acc(look['accuracy'])}, KL {kl(look['kl_bits'])}; "
+            f"elimination ({elim['n']:,} uncertain answers): KL {kl(elim['kl_bits'])}, against the lookup-only "
+            f"predictor's {kl(only['elimination_kl_bits'])} and one elimination a hop's "
+            f"{kl(each['elimination_kl_bits'])}")
 
 
 def group_line(name, g):
@@ -323,11 +340,32 @@ def dispatch(args):
                  sized_by(args, ["--eval-seqs", *tasks.task(args.task).FLAGS], f"--eval-seqs {args.eval_seqs}"))
     if "--figures" in args.given:                               # fail now, not after training
         writable("--figures", args.figures)
+    args.grown = grown(args, cfg) if args.grow_from and not args.resume else None
     take(args, runs.run_files(args.out, models.FAMILIES))
     try:
         return token_run(args, sizes, cfg)
     finally:
         runs.release(args.out)
+
+
+def grown(args, cfg):
+    """--grow-from: the model started from a trained shallower one of the same family, task and settings
+    (models.grow: it computes what that one computes), checked before anything is written."""
+    try:
+        params, cfg_from, meta, _ = load_checkpoint(args.grow_from)
+    except ValueError as e:
+        fail(f"--grow-from: {e}")
+    if (meta.get("model"), meta.get("task")) != (args.model, args.task):
+        fail(f"--grow-from {args.grow_from!r}: a {meta.get('model')!r} trained on {meta.get('task')!r}, not the "
+             f"{args.model} on {args.task} asked for")
+    if tasks.settings_from(args.task, cfg_from, meta) != args.settings:
+        fail(f"--grow-from {args.grow_from!r}: trained on other {args.task} settings "
+             f"({tasks.settings_from(args.task, cfg_from, meta)}) than these ({args.settings})")
+    try:
+        return models.grow(args.model, params, fit_positions(cfg_from, tasks.sizes(args.task, args.settings)), cfg,
+                           args.seed)
+    except ValueError as e:
+        fail(f"--grow-from {args.grow_from!r}: {e}")
 
 
 def token_run(args, sizes, cfg):
@@ -338,7 +376,8 @@ def token_run(args, sizes, cfg):
     # the model (--model), then the baseline capacity-matched to it (unless --no-baseline)
     args.prior_seconds, args.kept_rows = {}, {}
     state = load_for_resume(args, args.model, True, cfg) if args.resume else None
-    params = state[0] if state else models.init_params(args.model, cfg, args.seed)
+    params = state[0] if state else args.grown if args.grown is not None else models.init_params(args.model, cfg,
+                                                                                                   args.seed)
     phases = [(args.model, state[1] if state else cfg, params, *(state[2:] if state else (None, 0)), True, args.steps)]
     n_params = models.count_params(params)
     if not args.no_baseline and args.baseline == args.model:

@@ -85,6 +85,10 @@ FLAGS = [
          help="initialisation: one of the family's INITS (its module says each draw), for example fan-in "
          "(N(0, 1/fan_in) matrices)"),
     dict(flag="--dtype", field="dtype", type=str, where=TOKEN, help="float32 (the default) | float64"),
+    dict(flag="--grow-from", type=str, check=a_name, where=TOKEN, run=True, legacy=None, metavar="CHECKPOINT",
+         help="start from a trained shallower model of the same family, task and sizes: its blocks copied, the new "
+              "blocks' output maps at zero, so it starts computing what that model computes (the depth "
+              "experiment's growth control; the families that can: their module's grow)"),
     dict(flag="--lr", type=float, check=lambda v, a: None if math.isfinite(v) and v > 0 else "must be a finite number > 0",
          preset=True, run=True, help="peak learning rate (warm-up, then cosine to lr * lr-floor)"),
     dict(flag="--lr-floor", type=float, check=lambda v, a: None if 0.0 <= v <= 1.0 else "must lie in [0, 1] (a fraction "

@@ -162,3 +162,63 @@ def test_posteriors_computed_in_chunks_of_rows_are_the_same(monkeypatch):
     monkeypatch.setattr(hops, "CHUNK", 1)                               # one row at a time
     for a, b in zip(whole, hops.hop_posteriors(f_shown, x, 3, chain)):
         np.testing.assert_array_equal(a, b)
+
+
+# ----------------------------------------------------------------------------
+# the two readings and their predictors
+
+def test_the_two_predictors_by_hand():
+    """V = 4, f = (1, 2, 3, 0) with keys 2 and 3 hidden: hidden values {3, 0}. From x = 2 for 2 hops the exact
+    posterior is (1/2, 1/2, 0, 0) (2 -> 3 -> 0, or 2 -> 0 -> 1). The lookup-only predictor meets the hidden
+    key at once: uniform, KL 1 bit. Elimination at each hop: (1/2 on 3, 1/2 on 0), then 3 -> {3, 0} and
+    0 -> 1: (1/4, 1/2, 0, 1/4), KL 1/2 bit (a nats mistake gives 0.35; a swapped KL, infinite). From x = 0 for
+    one hop both are one-hot on 1; from x = 2 for one hop the elimination is exact (1/2 on 0 and on 3)."""
+    f_shown = np.array([[1, 2, -1, -1]] * 3)
+    x, h = np.array([2, 0, 2]), np.array([2, 1, 1])
+    look = hops.follow_shown(f_shown, x, h)
+    elim = hops.eliminate_each_hop(f_shown, x, h)
+    np.testing.assert_allclose(look, [[.25] * 4, [0, 1, 0, 0], [.25] * 4])
+    np.testing.assert_allclose(elim, [[.25, .5, 0, .25], [0, 1, 0, 0], [.5, 0, 0, .5]])
+    direct, _ = hops.hop_posteriors(f_shown[:1], x[:1], 2, np.array([[2, 3, 0]]))
+    post = direct[0, 1]
+    np.testing.assert_allclose(post, [.5, .5, 0, 0])
+    from tunnels import windtunnels as wt
+    assert wt.kl_bits(post, look[0]) == pytest.approx(1.0) and wt.kl_bits(post, elim[0]) == pytest.approx(0.5)
+
+
+def test_readings_split_the_answers_and_read_each_against_its_predictor():
+    """On held-out sequences, the exact posterior itself: lookup accuracy 1 and KL 0 on the one-hot answers,
+    elimination KL 0 on the others; a model that only follows the shown pairs: its lookup accuracy, and on the
+    uncertain answers the lookup-only predictor's KL, which is positive; the answers split into the two
+    readings without loss, and the scores of the two predictors fall with h (more hops meet a hidden key)."""
+    s = dict(hops.SETTINGS, n_symbols=6, hidden=2, max_hops=3)
+    b = hops.sample(np.random.default_rng(0), 600, s)
+    f_shown, x, h = hops.shown_map(b["tokens"], s)
+    assert (f_shown < 0).sum(1).tolist() == [2] * 600 and set(h) == {1, 2, 3}
+    exact = hops.readings(b, b["posterior"], s)
+    t = 2 * 6 + 2
+    q = b["posterior"].copy()
+    q[:, t] = hops.follow_shown(f_shown, x, h)
+    looked = hops.readings(b, q, s)
+    for hh in (1, 2, 3):
+        e, l = exact[hh], looked[hh]
+        assert e["lookup"]["n"] + e["elimination"]["n"] == int((h == hh).sum())
+        assert e["lookup"]["accuracy"] == 1.0 and e["lookup"]["kl_bits"] == pytest.approx(0, abs=1e-9)
+        assert e["elimination"]["kl_bits"] == pytest.approx(0, abs=1e-9)
+        assert l["lookup"]["accuracy"] == pytest.approx(e["follow_shown"]["accuracy"])   # (a one-hot answer
+        assert l["lookup"]["accuracy"] > 0.5 and l["elimination"]["kl_bits"] > 0.5   # past a hidden key: uniform)
+        assert l["elimination"]["kl_bits"] == pytest.approx(e["follow_shown"]["elimination_kl_bits"])
+        assert e["eliminate_each_hop"]["elimination_kl_bits"] < e["follow_shown"]["elimination_kl_bits"]
+    scores = [exact[hh]["follow_shown"]["score"] for hh in (1, 2, 3)]
+    assert scores[0] > scores[1] > scores[2] and exact[1]["eliminate_each_hop"]["score"] == pytest.approx(1.0)
+
+
+def test_a_reading_line_by_hand():
+    import train
+    r = {"lookup": dict(n=1200, accuracy=0.99, kl_bits=0.0123), "elimination": dict(n=3, kl_bits=0.5),
+         "follow_shown": dict(elimination_kl_bits=1.0), "eliminate_each_hop": dict(elimination_kl_bits=0.25)}
+    assert train.reading_line(r) == ("lookup (1,200 one-hot answers): accuracy 0.9900, KL 0.0123 bits; elimination "
+                                     "(3 uncertain answers): KL 0.5 bits, against the lookup-only predictor's 1 bits "
+                                     "and one elimination a hop's 0.25 bits")
+    r["lookup"] = dict(n=0, accuracy=None, kl_bits=None)
+    assert train.reading_line(r).startswith("lookup (0 one-hot answers): accuracy none, KL none;")

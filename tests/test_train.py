@@ -798,3 +798,23 @@ def test_the_default_run_directory_names_typed_settings_and_the_seed():
     assert out(["--task", "sawtooth", "--curriculum", "5:100"]) == os.path.join(
         "runs", "sawtooth-transformer-default-curriculum5-100")
     assert out(["--seed", "2", "--out", "elsewhere"]) == "elsewhere"
+
+
+def test_a_direct_run_reports_its_readings_and_prints_them(tmp_path, capsys):
+    """(Not in tests/test_hops.py: a training run, too slow as plain Python.) A direct hops run writes metrics["readings"] by h (what depth_rules read) and prints one line per h; a
+    chain-of-thought run, whose answers are read running free, has none."""
+    import json
+    import train
+    common = ["--task", "hops", "--preset", "quick", "--steps", "2", "--eval-seqs", "60", "--no-baseline",
+              "--no-geometry", "--quiet"]
+    train.main([*common, "--out", str(tmp_path / "direct")])
+    m = json.loads((tmp_path / "direct" / "metrics.json").read_text())
+    assert sorted(m["readings"]) == ["1", "2", "3", "4"]
+    for h, r in m["readings"].items():
+        assert r["lookup"]["n"] + r["elimination"]["n"] == m["groups"][f"h={h}"]["n_answers"]
+        if r["lookup"]["n"]:
+            assert r["lookup"]["accuracy"] == pytest.approx(m["groups"][f"h={h}"]["accuracy"])
+    assert "transformer, h=1: lookup (" in capsys.readouterr().out
+    train.main([*common, "--cot", "--out", str(tmp_path / "cot")])
+    assert "readings" not in json.loads((tmp_path / "cot" / "metrics.json").read_text())
+

@@ -279,3 +279,82 @@ def chain_layout(batch, s):
         return None
     mask = batch["mask"] > 0
     return mask.argmax(1), mask.sum(1)
+
+
+# ----------------------------------------------------------------------------
+# two readings of a depth: the lookup (answers whose posterior is one-hot) and the elimination (uncertain
+# answers), each beside a predictor that does only one of the two
+
+def shown_map(tokens, s):
+    """tokens (n, T) of the task itself (no curriculum) -> f_shown (n, V): f(k) where the pair k is shown, -1
+    where it is hidden; x (n,) the query's start; h (n,) its hops."""
+    V, H = s["n_symbols"], s["max_hops"]
+    H1, _, _, _ = tokens_of(V, H)
+    keys, values = tokens[:, 0:2 * V:2], tokens[:, 1:2 * V:2]                   # (n, V) each, in shown order
+    f_shown = np.full((len(tokens), V), -1, dtype=np.int64)
+    shown = (values >= V) & (values < 2 * V)                                    # a value token, not `?`
+    r, i = np.nonzero(shown)
+    f_shown[r, keys[r, i]] = values[r, i] - V
+    return f_shown, tokens[:, 2 * V + 2], tokens[:, 2 * V + 1] - H1 + 1
+
+
+def follow_shown(f_shown, x, h):
+    """The lookup-only predictor: follow the shown pairs from x for h hops; one-hot at f^h(x) where the chain
+    meets no hidden key, uniform over the V symbols once it does. f_shown (n, V), x (n,), h (n,) -> (n, V)."""
+    n, V = f_shown.shape
+    at, lost = x.copy(), np.zeros(n, bool)
+    for j in range(int(h.max())):
+        go = (j < h) & ~lost
+        nxt = f_shown[np.arange(n), at]
+        lost |= go & (nxt < 0)
+        at = np.where(go & (nxt >= 0), nxt, at)
+    return np.where(lost[:, None], 1.0 / V, np.eye(V)[at])
+
+
+def eliminate_each_hop(f_shown, x, h):
+    """Lookup plus elimination, each hop on its own: p_0 = one-hot at x, then p_j = p_(j-1) M, where M's row k
+    is one-hot at f(k) for a shown key and uniform over the hidden values (those no shown pair maps to) for a
+    hidden one. Exact for one hop; past a hidden hop it forgets that a permutation sends two hidden keys to two
+    different values. f_shown (n, V), x (n,), h (n,) -> (n, V)."""
+    n, V = f_shown.shape
+    hidden_values = np.ones((n, V), bool)
+    r, k = np.nonzero(f_shown >= 0)
+    hidden_values[r, f_shown[r, k]] = False
+    W = hidden_values / np.maximum(hidden_values.sum(1, keepdims=True), 1)      # (n, V) uniform on them
+    M = np.where((f_shown >= 0)[:, :, None], np.eye(V)[np.maximum(f_shown, 0)], W[:, None, :])   # (n, V, V)
+    p = np.eye(V)[x]                                                            # (n, V)
+    for j in range(int(h.max())):
+        p = np.where((j < h)[:, None], np.einsum("nk,nkv->nv", p, M), p)
+    return p
+
+
+def readings(batch, q, s):
+    """The direct format's two readings, h by h. batch: held-out sequences of the task itself; q (n, T, K)
+    the model's distributions. -> {h: dict(lookup=..., elimination=..., follow_shown=..., eliminate_each_hop=...)}:
+    lookup, over the answers whose exact posterior is one-hot: n, the model's accuracy and KL; elimination,
+    over the others: n, the model's KL; and the two predictors' accuracy (lookup) and KL (elimination) on the
+    same answers, with each one's score over all the answers of h (1 - KL / KL(uniform), the matrix's score)."""
+    if s["cot"]:
+        raise ValueError("readings are the direct format's (one answer a row)")
+    f_shown, x, h = shown_map(batch["tokens"], s)
+    t = 2 * s["n_symbols"] + 2
+    post, model = batch["posterior"][:, t], q[:, t]                              # (n, V) each
+    preds = {"follow_shown": follow_shown(f_shown, x, h), "eliminate_each_hop": eliminate_each_hop(f_shown, x, h)}
+    one_hot = post.max(-1) == 1.0
+    uniform = np.full_like(post, 1.0 / post.shape[1])
+    out = {}
+    for hh in range(1, s["max_hops"] + 1):
+        rows = h == hh
+        if not rows.any():
+            continue
+        look, elim = rows & one_hot, rows & ~one_hot
+        acc = lambda p: float((p[look].argmax(-1) == post[look].argmax(-1)).mean()) if look.any() else None
+        kl = lambda p, where: float(wt.kl_bits(post[where], p[where]).mean()) if where.any() else None
+        prior = float(wt.kl_bits(post[rows], uniform[rows]).mean())
+        entry = dict(lookup=dict(n=int(look.sum()), accuracy=acc(model), kl_bits=kl(model, look)),
+                     elimination=dict(n=int(elim.sum()), kl_bits=kl(model, elim)), prior_kl_bits=prior)
+        for name, p in preds.items():
+            entry[name] = dict(accuracy=acc(p), lookup_kl_bits=kl(p, look), elimination_kl_bits=kl(p, elim),
+                               score=1.0 - float(wt.kl_bits(post[rows], p[rows]).mean()) / prior)
+        out[hh] = entry
+    return out

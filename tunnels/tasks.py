@@ -26,6 +26,8 @@ and, where it has them:
     shortcut(batch, s) -> (n, T, K)       the best predictor without the primitive the task exercises
                                           (the HMM: no filtering; recall: no binding; the sawtooth: no
                                           lookup): primitives/matrix.py's floor for a mark (default: the uniform prior)
+    readings(batch, q, s) -> {...}        the answers read in parts, each beside predictors that do one part
+                                          (hops, direct: the lookup and the elimination), metrics["readings"]
     what the geometry probes read (manifold.PROBE_HOOKS): hypothesis_tokens, token_groups, token_names,
                                           evidence_masks, row_split, graded_rows, swap_query (a task
                                           without them is refused by geometry/run.py in one line)
