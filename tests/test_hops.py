@@ -194,7 +194,8 @@ def test_readings_split_the_answers_and_read_each_against_its_predictor():
     s = dict(hops.SETTINGS, n_symbols=6, hidden=2, max_hops=3)
     b = hops.sample(np.random.default_rng(0), 600, s)
     f_shown, x, h = hops.shown_map(b["tokens"], s)
-    assert (f_shown < 0).sum(1).tolist() == [2] * 600 and set(h) == {1, 2, 3}
+    assert (f_shown < 0).sum(1).tolist() == [2] * 600 and set(h[:, 0]) == {1, 2, 3}
+    x, h = x[:, 0], h[:, 0]                                          # one query a sequence
     exact = hops.readings(b, b["posterior"], s)
     t = 2 * 6 + 2
     q = b["posterior"].copy()
@@ -222,3 +223,21 @@ def test_a_reading_line_by_hand():
                                      "and one elimination a hop's 0.25 bits")
     r["lookup"] = dict(n=0, accuracy=None, kl_bits=None)
     assert train.reading_line(r).startswith("lookup (0 one-hot answers): accuracy none, KL none;")
+
+
+def test_several_queries_each_with_its_exact_posterior():
+    """--queries 3 (direct): three `Q H_h x` after the same pairs, each answer's posterior the brute force's for
+    its own x and h; the pairs and the first query are those of a one-query batch from the same generator (the
+    extra queries are drawn last), so one query is the task as it was."""
+    s = dict(hops.SETTINGS, n_symbols=5, hidden=2, max_hops=3)
+    one = hops.sample(np.random.default_rng(4), 6, s)
+    three = hops.sample(np.random.default_rng(4), 6, dict(s, queries=3))
+    assert hops.sizes(dict(s, queries=3))["max_len"] == 2 * 5 + 9 and (three["mask"].sum(1) == 3).all()
+    np.testing.assert_array_equal(three["tokens"][:, :13], one["tokens"])
+    np.testing.assert_array_equal(three["posterior"][:, :13], one["posterior"])
+    f_shown, x, h = hops.shown_map(three["tokens"], dict(s, queries=3))
+    assert x.shape == h.shape == (6, 3)
+    for b in range(6):
+        for i in range(3):
+            np.testing.assert_allclose(three["posterior"][b, 12 + 3 * i], brute_force(f_shown[b], x[b, i], h[b, i]))
+    assert hops.check_queries(2, {"cot": True}) and hops.check_queries(0, {}) and hops.check_queries(3, {}) is None

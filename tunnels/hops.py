@@ -44,7 +44,8 @@ import numpy as np
 
 from tunnels import windtunnels as wt
 
-SETTINGS = {"n_symbols": 16, "hidden": 3, "max_hops": 4, "cot": False, "symbol_curriculum": "", "hop_curriculum": ""}
+SETTINGS = {"n_symbols": 16, "hidden": 3, "max_hops": 4, "cot": False, "symbol_curriculum": "", "hop_curriculum": "",
+            "queries": 1}
 HOPS_TOP = 64                  # the hop curriculum's stages may name up to this (clipped to max_hops)
 CHUNK = 2 ** 22                # hop_posteriors' one-hot holds at most this many floats (32 MB) at a time
 MAX_COMPLETIONS = 720          # m! completions are enumerated for every sequence: m <= 6
@@ -72,6 +73,14 @@ def check_hops(h, s):
     return None if h >= 1 else "hops needs at least 1 hop"
 
 
+def check_queries(q, s):
+    if q < 1:
+        return "a sequence needs at least 1 query"
+    if q > 1 and s.get("cot"):
+        return "several queries a sequence are the direct format's (a chain of thought writes one chain)"
+    return None if q <= 64 else "at most 64 queries a sequence"
+
+
 def check_curriculum(text, s):
     try:
         stages = wt.parse_stages(text, s.get("n_symbols") or SETTINGS["n_symbols"], "symbols", "4:500,8:1500")
@@ -96,6 +105,10 @@ FLAGS = {"--symbols": dict(setting="n_symbols", type=int, check=check_symbols,
                           help="hops: pairs left out per sequence, 0 to 6 (default 3)"),
          "--max-hops": dict(setting="max_hops", type=int, check=check_hops,
                             help="hops: the query's hops are drawn from 1 to this (default 4)"),
+         "--queries": dict(setting="queries", type=int, check=check_queries,
+                           help="hops, direct: queries a sequence, each `Q H_h x` with its own h and start, each "
+                                "answer supervised (default 1; as many as a chain of thought's answers matches their "
+                                "supervision)"),
          "--cot": dict(setting="cot", type=bool, check=lambda v, s: None,
                        help="hops: chain of thought, one hop per token, each supervised against its exact "
                             "posterior given the hops before it (teacher-forced)"),
@@ -119,7 +132,7 @@ PRESETS = {
 
 def sizes(s):
     V, H = s["n_symbols"], s["max_hops"]
-    T = 2 * V + 3 + (H - 1 if s["cot"] else 0)
+    T = 2 * V + 3 * s.get("queries", 1) + (H - 1 if s["cot"] else 0)
     return dict(vocab=2 * V + H + 3, classes=V, max_len=T, eval_len=T)
 
 
@@ -130,6 +143,11 @@ def sample(rng, n, s, step=None):
     active = wt.stage_at(wt.parse_stages(s.get("symbol_curriculum", ""), s["n_symbols"], "symbols", ""), step)
     most = wt.stage_at(wt.parse_stages(s.get("hop_curriculum", ""), HOPS_TOP, "hops", ""), step)
     return batch(rng, n, **fields, active=active, most=None if most is None else min(most, s["max_hops"]))
+
+
+def settings_of(cfg):
+    """The settings of a checkpoint written before --queries existed (its meta has the rest): one query."""
+    return {**SETTINGS, "n_symbols": cfg.n_classes, "queries": 1}
 
 
 def prior_gap_bits(s, n=20_000, seed=0):
@@ -202,65 +220,72 @@ def hop_posteriors(f_shown, x, h, chain):
     return direct, cot
 
 
-def batch(rng, n, n_symbols=16, hidden=3, max_hops=4, cot=False, active=None, most=None):
+def batch(rng, n, n_symbols=16, hidden=3, max_hops=4, cot=False, active=None, most=None, queries=1):
     """n sequences of the hops task (module docstring) -> a batch with groups "h=1".. and, with cot, LAST.
     The curricula: active, the permutation acts on `active` of the symbols (None: all); most, h is drawn
-    from 1 to `most` (None: max_hops)."""
+    from 1 to `most` (None: max_hops). queries (direct only): `Q H_h x` this many times after the pairs, each
+    with its own h and x (the first drawn as a single query's is, the others after everything else)."""
     V, m, H = n_symbols, hidden, max_hops
     A = V if active is None else active                                         # the symbols in play
     if active is not None:
         m = int(round(m * A / V))                  # hidden pairs in proportion (Python's round: halves to even)
     H1, Q, FILL, UNSEEN = tokens_of(V, H)
-    T = sizes(dict(n_symbols=V, hidden=hidden, max_hops=H, cot=cot))["max_len"]
+    T = sizes(dict(n_symbols=V, hidden=hidden, max_hops=H, cot=cot, queries=queries))["max_len"]
     f = rng.permuted(np.tile(np.arange(A), (n, 1)), axis=1)                     # (n, A) the permutation, on
     order = rng.permuted(np.tile(np.arange(A), (n, 1)), axis=1)                 # (n, A) a random order of keys
     shown_keys = order[:, m:]                                                   # (n, A - m) in shown order
     f_shown = np.full((n, A), -1, dtype=np.int64)
     np.put_along_axis(f_shown, shown_keys, np.take_along_axis(f, shown_keys, 1), axis=1)
-    x = rng.integers(0, A, size=n)                                              # (n,) the start
-    h = rng.integers(1, (H if most is None else most) + 1, size=n)             # (n,) its hops
-    chain = chains(f[:, None, :], x, H)[:, 0]                                   # (n, H + 1) the true chain
-    direct, cot_post = hop_posteriors(f_shown, x, H, chain)                     # (n, H, A) each
+    top = H if most is None else most
+
+    def query(x, h):                              # (n,) start and hops -> the true chain, both posteriors
+        chain = chains(f[:, None, :], x, H)[:, 0]                               # (n, H + 1) the true chain
+        return [x, h, chain, *hop_posteriors(f_shown, x, H, chain)]             # ..., (n, H, A) each
+    asked = [query(rng.integers(0, A, size=n), rng.integers(1, top + 1, size=n))]
     shown_values = np.take_along_axis(f, shown_keys, 1)                         # (n, A - m)
     hidden_keys = order[:, :m]                                                  # (n, m)
     if active is not None:                                                      # symbols 0..A-1 stand for A
         sym = rng.permuted(np.tile(np.arange(V), (n, 1)), axis=1)[:, :A]        # (n, A) of the V, drawn per row
+    keys = np.concatenate([shown_keys, hidden_keys], axis=1)                    # (n, A) shown, then hidden
+    slots = rng.permuted(np.tile(np.arange(V), (n, 1)), axis=1)[:, :A]          # (n, A) their places
+    asked += [query(rng.integers(0, A, size=n), rng.integers(1, top + 1, size=n)) for _ in range(queries - 1)]
+    if active is not None:
         onto = np.eye(V)[sym]                                                   # (n, A, V)
-        direct, cot_post = (np.einsum("nha,nav->nhv", p, onto) for p in (direct, cot_post))   # (n, H, V)
         name = lambda a: np.take_along_axis(sym, a, 1)                          # local symbols -> tokens
-        shown_keys, shown_values, x, chain = name(shown_keys), name(shown_values), name(x[:, None])[:, 0], name(chain)
-        hidden_keys = name(hidden_keys)
+        asked = [[name(x[:, None])[:, 0], h, name(chain), *(np.einsum("nha,nav->nhv", p, onto) for p in posts)]
+                 for x, h, chain, *posts in asked]                              # (n, H, V) posteriors
+        keys, shown_values = name(keys), name(shown_values)
     tokens = np.full((n, T), FILL, dtype=np.int64)
     targets = np.zeros((n, T), dtype=np.int64)
     mask, posterior = np.zeros((n, T)), np.zeros((n, T, V))
-    P = 2 * V                                                                   # the query's place
-    keys = np.concatenate([shown_keys, hidden_keys], axis=1)                    # (n, A) shown, then hidden
     values = np.concatenate([V + shown_values, np.full((n, m), UNSEEN)], axis=1)
-    slots = rng.permuted(np.tile(np.arange(V), (n, 1)), axis=1)[:, :A]          # (n, A) their places, in a
-    np.put_along_axis(tokens, 2 * slots, keys, axis=1)                         # random order (all V places
+    np.put_along_axis(tokens, 2 * slots, keys, axis=1)                         # in a random order (all V places
     np.put_along_axis(tokens, 2 * slots + 1, values, axis=1)                   # but in a curriculum stage)
-    tokens[:, P], tokens[:, P + 1], tokens[:, P + 2] = Q, H1 + h - 1, x            # the answers start at x
     groups = {f"h={k}": np.zeros((n, T)) for k in range(1, H + 1)}
     last = np.zeros((n, T))
     rows = np.arange(n)
-    if not cot:
-        t = np.full(n, P + 2)
-        targets[:, P + 2], mask[:, P + 2] = chain[rows, h], 1.0
-        posterior[:, P + 2] = direct[rows, h - 1]
-    else:
-        for j in range(1, H + 1):                                               # hop j is answered at P + 1 + j
-            on = h >= j
-            t = P + 1 + j
-            if j > 1:
-                tokens[on, t] = chain[on, j - 1]                                 # the true hop before it
-            targets[on, t], mask[on, t] = chain[on, j], 1.0
-            posterior[on, t] = cot_post[on, j - 1]
-            last[on & (h > j), t] = 1.0
-        t = P + 1 + h
-    for k in range(1, H + 1):
-        groups[f"h={k}"][rows[h == k], t[h == k]] = 1.0
+    for i, (x, h, chain, direct, cot_post) in enumerate(asked):
+        P = 2 * V + 3 * i                                                       # this query's place
+        tokens[:, P], tokens[:, P + 1], tokens[:, P + 2] = Q, H1 + h - 1, x        # the answers start at x
+        if not cot:
+            t = np.full(n, P + 2)
+            targets[:, P + 2], mask[:, P + 2] = chain[rows, h], 1.0
+            posterior[:, P + 2] = direct[rows, h - 1]
+        else:
+            for j in range(1, H + 1):                                           # hop j is answered at P + 1 + j
+                on = h >= j
+                t = P + 1 + j
+                if j > 1:
+                    tokens[on, t] = chain[on, j - 1]                             # the true hop before it
+                targets[on, t], mask[on, t] = chain[on, j], 1.0
+                posterior[on, t] = cot_post[on, j - 1]
+                last[on & (h > j), t] = 1.0
+            t = P + 1 + h
+        for k in range(1, H + 1):
+            groups[f"h={k}"][rows[h == k], t[h == k]] = 1.0
     if cot and last.any():
         groups[LAST] = last
+    x, h, chain, direct, _ = asked[0]
     return dict(tokens=tokens, targets=targets, mask=mask, posterior=posterior,
                 groups={g: w for g, w in groups.items() if w.any()},             # a group marks one answer or more
                 final_posterior=direct[rows, h - 1], final_target=chain[rows, h])   # (n, V), (n,): primitives/cot.py's
@@ -287,15 +312,16 @@ def chain_layout(batch, s):
 
 def shown_map(tokens, s):
     """tokens (n, T) of the task itself (no curriculum) -> f_shown (n, V): f(k) where the pair k is shown, -1
-    where it is hidden; x (n,) the query's start; h (n,) its hops."""
-    V, H = s["n_symbols"], s["max_hops"]
+    where it is hidden; x (n, q) each query's start; h (n, q) its hops (q: the queries a sequence)."""
+    V, H, q = s["n_symbols"], s["max_hops"], s.get("queries", 1)
     H1, _, _, _ = tokens_of(V, H)
     keys, values = tokens[:, 0:2 * V:2], tokens[:, 1:2 * V:2]                   # (n, V) each, in shown order
     f_shown = np.full((len(tokens), V), -1, dtype=np.int64)
     shown = (values >= V) & (values < 2 * V)                                    # a value token, not `?`
     r, i = np.nonzero(shown)
     f_shown[r, keys[r, i]] = values[r, i] - V
-    return f_shown, tokens[:, 2 * V + 2], tokens[:, 2 * V + 1] - H1 + 1
+    at = 2 * V + 3 * np.arange(q)                                               # (q,) each query's Q
+    return f_shown, tokens[:, at + 2], tokens[:, at + 1] - H1 + 1
 
 
 def follow_shown(f_shown, x, h):
@@ -336,9 +362,10 @@ def readings(batch, q, s):
     same answers, with each one's score over all the answers of h (1 - KL / KL(uniform), the matrix's score)."""
     if s["cot"]:
         raise ValueError("readings are the direct format's (one answer a row)")
-    f_shown, x, h = shown_map(batch["tokens"], s)
-    t = 2 * s["n_symbols"] + 2
-    post, model = batch["posterior"][:, t], q[:, t]                              # (n, V) each
+    f_shown, x, h = shown_map(batch["tokens"], s)                               # (n, V), (n, Q), (n, Q)
+    t = 2 * s["n_symbols"] + 2 + 3 * np.arange(x.shape[1])                      # (Q,) each query's answer
+    post, model = (a[:, t].reshape(-1, a.shape[-1]) for a in (batch["posterior"], q))   # (n Q, V) each
+    f_shown, x, h = np.repeat(f_shown, x.shape[1], axis=0), x.reshape(-1), h.reshape(-1)  # one row an answer
     preds = {"follow_shown": follow_shown(f_shown, x, h), "eliminate_each_hop": eliminate_each_hop(f_shown, x, h)}
     one_hot = post.max(-1) == 1.0
     uniform = np.full_like(post, 1.0 / post.shape[1])

@@ -1,0 +1,189 @@
+"""depth_sweep: the depth experiment with depth apart from optimisation and chain of thought apart from its
+extra supervision, judged by primitives/depth_rules.py on fresh seeds.
+
+    python -m primitives.depth_sweep [--preset quick|default] [--out runs/depth-sweep] [--jobs 2]
+
+Every cell is a train.py run through matrix.run (a finished one is skipped, an interrupted one resumes):
+  - the transformer at each depth, direct, at every rate and initialisation of the grid and every seed; the
+    direct format asks QUERIES questions a sequence, as many answers as a chain of thought of the same
+    max_hops supervises on average ((max_hops + 1) / 2), so neither is trained on more answers;
+  - with --cot, the same grid at the depths the prediction calls short (a lookup fits, every hop does not);
+  - until flat: a cell whose held-out loss still falls over the last tenth of its steps (matrix.flat) is run
+    again with 4x the steps, and the longer run stands for it;
+  - for each depth and seed, the setting with the lowest held-out KL (its longest run) is chosen, direct and
+    cot apart;
+  - the growth control: each depth past the first also started from the chosen run one layer shallower of
+    the same seed (train.py --grow-from, the new block's output maps at zero), at that run's setting.
+A depth's lookup reach in a seed is the larger of its chosen run's and its grown run's; where the grown run
+reaches further, the line says the limit was optimisation. The readings and the rules are depth_rules.py's.
+"""
+
+import os
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # see layers.py: BLAS threads fight Numba's
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+
+from harness.checkpoints import write_json  # noqa: E402
+from primitives import construction, depth_rules, matrix  # noqa: E402
+
+# the grid, fixed before its runs: max_hops 3 so that the predicted depths are small (2 to 4 layers);
+# seeds 2, 3, 4: none of the development runs' (0, 1)
+PRESETS = {
+    "default": dict(max_hops=3, depths=(1, 2, 3, 4, 5), rates=(1e-3, 3e-3, 1e-2), inits=("gpt2", "fan-in"),
+                    seeds=(2, 3, 4)),
+    "quick": dict(max_hops=2, depths=(1, 2), rates=(3e-3,), inits=("fan-in",), seeds=(0,)),   # a smoke test
+}
+
+
+def queries(max_hops):
+    """The direct format's questions a sequence: a chain of thought of max_hops supervises (max_hops + 1) / 2
+    answers on average (h uniform on 1..max_hops), rounded up."""
+    return math.ceil((max_hops + 1) / 2)
+
+
+def short_depths(depths, max_hops):
+    """The depths the prediction calls short: a lookup fits (layers_needed(1)), every hop does not."""
+    return [L for L in depths if construction.layers_needed(1) <= L < construction.layers_needed(max_hops)]
+
+
+def setting_name(lr, init):
+    return f"lr{lr:g}-{init}"
+
+
+def grid_cells(g):
+    """The grid's cells: direct at every depth, cot at the short ones; each rate, initialisation and seed."""
+    out = []
+    for cot in (False, True):
+        for L in (short_depths(g["depths"], g["max_hops"]) if cot else g["depths"]):
+            for lr in g["rates"]:
+                for init in g["inits"]:
+                    for seed in g["seeds"]:
+                        fmt = ["--cot"] if cot else ["--queries", str(queries(g["max_hops"]))]
+                        out.append(dict(task="hops", family="transformer", layers=L, seed=seed, cot=cot,
+                                        setting=setting_name(lr, init), flags=["--max-hops", str(g["max_hops"]), *fmt,
+                                                                               "--lr", f"{lr:g}", "--init", init],
+                                        name=f"L{L}-{'cot' if cot else 'direct'}-{setting_name(lr, init)}-s{seed}"))
+    return out
+
+
+def longer(cell, steps):
+    """The cell again with 4x the steps (until flat)."""
+    return {**cell, "flags": [*cell["flags"], "--steps", str(4 * steps)], "name": cell["name"] + "-4x", "x4": True}
+
+
+def grown_cell(cell, source_dir):
+    """A depth grown from the chosen run one layer shallower (cell: that run's, one layer deeper)."""
+    return {**cell, "flags": [*cell["flags"], "--grow-from", os.path.join(source_dir, "checkpoint.npz")],
+            "name": cell["name"] + "-grown", "grown": True}
+
+
+def final(results, cell):
+    """A cell's standing run: its 4x run where it has one, else itself (None if neither finished)."""
+    for name in (cell["name"] + "-4x", cell["name"]):
+        m = results.get(name)
+        if m is not None and "failed" not in m and "sits_out" not in m:
+            return name, m
+    return None
+
+
+def choose(results, cells):
+    """{(depth, cot, seed): (cell, run name, metrics)}: per depth, format and seed, the setting whose standing
+    run has the lowest held-out KL."""
+    best = {}
+    for c in cells:
+        got = final(results, c)
+        if got is None:
+            continue
+        key = (c["layers"], c["cot"], c["seed"])
+        if key not in best or got[1]["kl_bits"] < best[key][2]["kl_bits"]:
+            best[key] = (c, *got)
+    return best
+
+
+def accuracies(metrics, cot):
+    """{h: accuracy on h's one-hot answers}: direct, the held-out answers; cot, the final answers running free."""
+    groups = metrics["free_run"]["free"]["groups"] if cot else metrics["groups"]
+    return {int(g[2:]): v.get("accuracy") for g, v in groups.items() if g.startswith("h=")}
+
+
+def reaches(best, results, grown, g):
+    """-> direct {depth: [reach per seed]}, cot {depth: [...]}, and the (depth, seed)s where the grown run
+    reached further than the chosen one (the limit there was optimisation)."""
+    direct, cot, optimisation = {}, {}, []
+    for L in g["depths"]:
+        for seed in g["seeds"]:
+            chosen = best.get((L, False, seed))
+            if chosen is not None:
+                r = depth_rules.lookup_reach(accuracies(chosen[2], False))
+                m = results.get(grown.get((L, seed), {}).get("name"))
+                if m is not None and "failed" not in m and "sits_out" not in m:
+                    r_grown = depth_rules.lookup_reach(accuracies(m, False))
+                    if r_grown > r:
+                        optimisation.append((L, seed))
+                    r = max(r, r_grown)
+                direct.setdefault(L, []).append(r)
+            c = best.get((L, True, seed))
+            if c is not None:
+                cot.setdefault(L, []).append(depth_rules.lookup_reach(accuracies(c[2], True)))
+    return direct, cot, optimisation
+
+
+def run(preset="default", out=None, jobs=2, runner=matrix.run):
+    """The whole sweep (module docstring); -> its summary, written to out/depth-sweep.json."""
+    g = PRESETS[preset]
+    out = out or os.path.join("runs", "depth-sweep" + ("-quick" if preset == "quick" else ""))
+    task_preset = "quick" if preset == "quick" else "default"
+    cells = grid_cells(g)
+    results = runner(task_preset, out, jobs=jobs, todo=cells)
+    steps = {c["name"]: results[c["name"]]["steps"] for c in cells if final(results, c)}
+    again = [longer(c, steps[c["name"]]) for c in cells if c["name"] in steps and "failed" not in results[c["name"]]
+             and not matrix.flat(os.path.join(out, c["name"], "log.csv"))]
+    if again:
+        results.update(runner(task_preset, out, jobs=jobs, todo=again))
+    best = choose(results, cells)
+    grown = {}
+    for L in g["depths"][1:]:
+        below = [d for d in g["depths"] if d < L]
+        for seed in g["seeds"]:
+            src = best.get((below[-1], False, seed))
+            if src is not None:
+                cell = {**src[0], "layers": L, "name": src[0]["name"].replace(f"L{below[-1]}-", f"L{L}-", 1)}
+                grown[(L, seed)] = grown_cell(cell, os.path.join(out, src[1]))
+    if grown:
+        results.update(runner(task_preset, out, jobs=jobs, todo=list(grown.values())))
+    direct, cot, optimisation = reaches(best, results, grown, g)
+    claims = {"runs out": depth_rules.runs_out(direct, g["max_hops"]),
+              "extends": depth_rules.cot_extends(direct, cot, g["max_hops"])}
+    summary = dict(preset=preset, grid=g, queries=queries(g["max_hops"]), direct=direct, cot=cot,
+                   optimisation=optimisation, claims={k: dict(verdict=v, why=w) for k, (v, w) in claims.items()},
+                   chosen={f"L{k[0]}-{'cot' if k[1] else 'direct'}-s{k[2]}": v[1] for k, v in best.items()},
+                   readings={name: m.get("readings") for name, m in results.items() if isinstance(m, dict)})
+    write_json(os.path.join(out, "depth-sweep.json"), summary)
+    print(f"lookup reach by depth, seed by seed ({', '.join(map(str, g['seeds']))}): direct "
+          + "; ".join(f"{L} layers {r}" for L, r in direct.items())
+          + " | chain of thought " + ("; ".join(f"{L} layers {r}" for L, r in cot.items()) or "none"))
+    if optimisation:
+        print("grown further than trained from scratch (the limit there was optimisation): "
+              + ", ".join(f"{L} layers seed {s}" for L, s in optimisation))
+    for claim, (verdict, why) in claims.items():
+        print(f"{claim}: {verdict} ({why})")
+    return summary
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m primitives.depth_sweep", description=__doc__.split("\n\n")[0])
+    p.add_argument("--preset", choices=tuple(PRESETS), default="default")
+    p.add_argument("--out", default=None, help="the cells' directory (default runs/depth-sweep[-quick])")
+    p.add_argument("--jobs", type=int, default=2, help="cells at a time (default 2, one per core)")
+    a = p.parse_args(argv)
+    if a.jobs < 1:
+        p.error(f"--jobs {a.jobs}: allowed are 1 or more")
+    return run(a.preset, a.out, a.jobs)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""The depth sweep's driver (primitives/depth_sweep.py): its grid, the matched supervision, the choice of a
+setting per depth and seed, the growth control's part in the reach; on fake metrics, and end to end on the
+quick preset (ci_only)."""
+import json
+import os
+
+import pytest
+
+from primitives import depth_sweep as ds
+from primitives import depth_rules as dr
+
+
+def test_the_direct_format_is_asked_as_many_answers_as_a_chain_of_thought_gives():
+    assert [ds.queries(h) for h in (1, 2, 3, 4)] == [1, 2, 2, 3]        # (H + 1) / 2, rounded up
+
+
+def test_the_grid():
+    g = ds.PRESETS["default"]
+    cells = ds.grid_cells(g)
+    assert ds.short_depths(g["depths"], 3) == [2, 3]
+    assert len(cells) == (5 + 2) * 3 * 2 * 3                             # depths (direct, cot) x rates x inits x seeds
+    assert set(g["seeds"]).isdisjoint({0, 1})                            # fresh: not the development runs' seeds
+    assert len({c["name"] for c in cells}) == len(cells)
+    direct = next(c for c in cells if not c["cot"])
+    assert direct["flags"][:4] == ["--max-hops", "3", "--queries", "2"] and "--cot" not in direct["flags"]
+
+
+def metrics(kl, acc, cot=False):
+    groups = {f"h={h}": {"accuracy": a} for h, a in enumerate(acc, 1)}
+    return {"kl_bits": kl, "steps": 10, **({"free_run": {"free": {"groups": groups}}} if cot else {"groups": groups})}
+
+
+def test_a_setting_is_chosen_by_held_out_kl_and_a_grown_run_can_only_raise_the_reach():
+    """Two settings at 2 layers, seed 2: the lower KL (0.3) is chosen, though the other reads more hops; its
+    4x run stands in for it. At 3 layers the grown run reaches 2 where the scratch run reached 0: reach 2,
+    and the line names it optimisation."""
+    g = dict(depths=(2, 3), seeds=(2,), max_hops=3)
+    a = dict(layers=2, cot=False, seed=2, name="a")
+    b = dict(layers=2, cot=False, seed=2, name="b")
+    c = dict(layers=3, cot=False, seed=2, name="c")
+    results = {"a": metrics(0.5, [1.0, 0.95, 0.2]), "b": metrics(0.4, [1.0, 0.5, 0.1]),
+               "b-4x": metrics(0.3, [1.0, 0.3, 0.1]), "c": metrics(0.9, [0.1, 0.1, 0.1]),
+               "c-grown": metrics(0.2, [1.0, 0.99, 0.5])}
+    best = ds.choose(results, [a, b, c])
+    assert best[(2, False, 2)][1] == "b-4x" and best[(3, False, 2)][1] == "c"
+    direct, cot, optimisation = ds.reaches(best, results, {(3, 2): {"name": "c-grown"}}, g)
+    assert direct == {2: [1], 3: [2]} and cot == {} and optimisation == [(3, 2)]
+    direct, _, optimisation = ds.reaches(best, results, {}, g)           # without the growth control
+    assert direct == {2: [1], 3: [0]} and optimisation == []
+
+
+def test_a_chain_of_thought_is_read_from_its_free_running_answers():
+    best = {(2, True, 2): (None, "x", metrics(0.1, [1.0, 0.97, 0.4], cot=True))}
+    _, cot, _ = ds.reaches(best, {}, {}, dict(depths=(2,), seeds=(2,), max_hops=3))
+    assert cot == {2: [2]}
+
+
+@pytest.mark.ci_only
+def test_the_quick_sweep_runs_end_to_end(tmp_path):
+    """Every cell through train.py (direct with two queries, the chain of thought at the short depth, the
+    grown run), the summary written with both claims judged by depth_rules."""
+    summary = ds.run("quick", str(tmp_path / "sweep"), jobs=2)
+    written = json.loads((tmp_path / "sweep" / "depth-sweep.json").read_text())
+    assert written["queries"] == 2 and set(written["claims"]) == {"runs out", "extends"}
+    assert all(v["verdict"] in (dr.SUPPORTED, dr.NOT_SUPPORTED, dr.UNDECIDED) for v in written["claims"].values())
+    assert os.path.isdir(tmp_path / "sweep" / "L2-direct-lr0.003-fan-in-s0-grown")
+    assert summary["direct"] and summary["cot"]
