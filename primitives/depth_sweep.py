@@ -15,7 +15,9 @@ Every cell is a train.py run through matrix.run (a finished one is skipped, an i
   - the growth control: each depth past the first also started from the chosen run one layer shallower of
     the same seed (train.py --grow-from, the new block's output maps at zero), at that run's setting.
 A depth's lookup reach in a seed is the larger of its chosen run's and its grown run's; where the grown run
-reaches further, the line says the limit was optimisation. The readings and the rules are depth_rules.py's.
+reaches further, the line says the limit was optimisation. The readings and the rules of the first two
+claims are depth_rules.py's; "without hallucinating" is depth.py's rule (a Wilson interval per short depth
+and seed on the chain's free answers past the direct reach), read at the sweep's chosen runs.
 """
 
 import os
@@ -28,7 +30,7 @@ import json  # noqa: E402
 import math  # noqa: E402
 
 from harness.checkpoints import write_json  # noqa: E402
-from primitives import construction, depth_rules, matrix  # noqa: E402
+from primitives import construction, depth, depth_rules, matrix  # noqa: E402
 
 # the grid, fixed before its runs: max_hops 3 so that the predicted depths are small (2 to 4 layers);
 # seeds 2, 3, 4: none of the development runs' (0, 1)
@@ -132,6 +134,24 @@ def reaches(best, results, grown, g):
     return direct, cot, optimisation
 
 
+def hallucinated(best, direct, g):
+    """Claim 3's counts (depth.without_hallucinating): per short depth and seed, the chosen chain of thought's
+    free-running final answers past the direct model's largest reach there: (hallucinated, hallucinated at
+    most, answers)."""
+    out = []
+    for L in short_depths(g["depths"], g["max_hops"]):
+        if L not in direct:
+            continue
+        cut = max(direct[L])
+        for seed in g["seeds"]:
+            chosen = best.get((L, True, seed))
+            if chosen is not None:
+                groups = depth.answer_groups(chosen[2], True)
+                out.append((depth.past_reach([groups], cut)[0], depth.past_reach([groups], cut, "hallucinated_upper")[0],
+                            depth.past_reach([groups], cut)[1]))
+    return out
+
+
 def run(preset="default", out=None, jobs=2, runner=matrix.run):
     """The whole sweep (module docstring); -> its summary, written to out/depth-sweep.json."""
     g = PRESETS[preset]
@@ -158,6 +178,8 @@ def run(preset="default", out=None, jobs=2, runner=matrix.run):
     direct, cot, optimisation = reaches(best, results, grown, g)
     claims = {"runs out": depth_rules.runs_out(direct, g["max_hops"]),
               "extends": depth_rules.cot_extends(direct, cot, g["max_hops"])}
+    claims["without hallucinating"] = (depth.without_hallucinating(hallucinated(best, direct, g), claims["extends"][0]),
+                                       "depth.without_hallucinating on the chain's free answers past the direct reach")
     summary = dict(preset=preset, grid=g, queries=queries(g["max_hops"]), direct=direct, cot=cot,
                    optimisation=optimisation, claims={k: dict(verdict=v, why=w) for k, (v, w) in claims.items()},
                    chosen={f"L{k[0]}-{'cot' if k[1] else 'direct'}-s{k[2]}": v[1] for k, v in best.items()},

@@ -65,3 +65,16 @@ def test_the_quick_sweep_runs_end_to_end(tmp_path):
     assert all(v["verdict"] in (dr.SUPPORTED, dr.NOT_SUPPORTED, dr.UNDECIDED) for v in written["claims"].values())
     assert os.path.isdir(tmp_path / "sweep" / "L2-direct-lr0.003-fan-in-s0-grown")
     assert summary["direct"] and summary["cot"]
+
+
+def test_claim_three_reads_the_chains_free_answers_past_the_direct_reach():
+    """At 2 layers (direct reach 1 in both seeds) each seed's chosen chain: its h = 2 and 3 answers count, its
+    h = 1 answers do not; 1 of 100 hallucinated (at most 2) in one seed, 0 of 100 in the other."""
+    g = dict(depths=(1, 2, 3, 4), seeds=(2, 3), max_hops=3)
+    group = lambda hall, upper: {"n_answers": 50, "hallucinated": hall, "hallucinated_upper": upper,
+                                 "h_bayes_bits": 1.0}
+    free = lambda a, b: {"config": {"n_classes": 16}, "free_run": {"free": {"groups": {
+        "h=1": group(0.5, 0.5), "h=2": group(a, a), "h=3": group(b, 2 * b)}}}}
+    best = {(2, True, 2): (None, "x", free(0.0, 0.02)), (2, True, 3): (None, "y", free(0.0, 0.0))}
+    counts = ds.hallucinated(best, {2: [1, 1]}, g)
+    assert [tuple(round(v, 9) for v in c) for c in counts] == [(1.0, 2.0, 100.0), (0.0, 0.0, 100.0)]
