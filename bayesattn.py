@@ -50,6 +50,8 @@ PRESETS = {
                  **{p: dict(width=64, layers=2, heads=2, init="fan-in") for p in ("first", "default", "paper")}},
     "hmm": {"quick": dict(width=32, layers=2, heads=2), "default": dict(width=64, layers=4, heads=4),
             "paper": dict(width=96, layers=6, heads=6)},
+    "transport": {"quick": dict(width=32, layers=2, heads=2), "default": dict(width=64, layers=4, heads=4),
+                  "paper": dict(width=96, layers=6, heads=6)},     # the HMM's sizes
     # recall: a lookup (find the stored key, read the value two tokens on) is a two-layer circuit, as the
     # sawtooth's; its initialisation too
     "recall": {"quick": dict(width=32, layers=2, heads=2, init="fan-in"),

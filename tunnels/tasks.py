@@ -42,7 +42,7 @@ import importlib
 import numpy as np
 
 TASKS = {"bijection": "tunnels.bijection", "sawtooth": "tunnels.sawtooth", "hmm": "tunnels.hmm", "recall": "tunnels.recall",
-         "hops": "tunnels.hops"}
+         "hops": "tunnels.hops", "transport": "tunnels.transport"}
 EVAL_SEED = 1_000_003       # held-out data never overlaps the training stream (seeds (seed, step))
 
 
