@@ -20,6 +20,9 @@ decay on the same tensors, and gradient clipping:
 Each pair is timed alternately (bench.interleaved); every number is a median with its IQR and the load.
 """
 
+if not __package__:                 # run as a file, its folder-qualified imports cannot resolve
+    raise SystemExit("bench/recurrent.py: run it as python -m bench.recurrent, from the repository's folder")
+
 import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as bench/transformer.py: BLAS threads fight Numba's

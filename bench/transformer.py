@@ -24,6 +24,9 @@ The last line is `worst ratio ours/torch: R` (R = nan without PyTorch). The othe
 PyTorch: bench/recurrent.py.
 """
 
+if not __package__:                 # run as a file, its folder-qualified imports cannot resolve
+    raise SystemExit("bench/transformer.py: run it as python -m bench.transformer, from the repository's folder")
+
 import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as layers.py and train.py: BLAS threads fight Numba's

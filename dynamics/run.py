@@ -10,6 +10,9 @@ progress in --out, stops at --stop-after or a stop signal, continues with --resu
 lock, and replaces a finished run only with --overwrite. The experiments themselves are dynamics/experiments.py.
 """
 
+if not __package__:                 # run as a file, its folder-qualified imports cannot resolve
+    raise SystemExit("dynamics/run.py: run it as python -m dynamics.run, from the repository's folder")
+
 import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # see layers.py: BLAS threads fight Numba's

@@ -8,6 +8,9 @@ runs/<name>/geometry_<name>_*.png, and prints a summary.
 after training).
 """
 
+if not __package__:                 # run as a file, its folder-qualified imports cannot resolve
+    raise SystemExit("geometry/run.py: run it as python -m geometry.run, from the repository's folder")
+
 import dataclasses
 import os
 

@@ -11,6 +11,9 @@ A RUN is a run directory (its metrics.json) or a metrics file itself (a baseline
 label of a run is its model's name unless --labels gives them.
 """
 
+if not __package__:                 # run as a file, its folder-qualified imports cannot resolve
+    raise SystemExit("harness/compare.py: run it as python -m harness.compare, from the repository's folder")
+
 import argparse
 import json
 import os

@@ -57,7 +57,8 @@ positive = lambda v, a: None if v >= 1 else "must be a positive integer"
 a_name = lambda v, a: runs.name_problem(v)      # a path: not empty, printable, UTF-8
 FLAGS = [
     dict(flag="--task", type=str, default="bijection", choices=lambda a: [*TOKEN, STICKY],
-         help="wind tunnel: " + " | ".join(TOKEN) + " (Paper II's sticky chain: python -m dynamics.run)", run=True),
+         help="wind tunnel: " + " | ".join(TOKEN) + "; Paper II's sticky chain runs with python -m dynamics.run",
+         run=True),
     dict(flag="--model", type=str, default="transformer", choices=lambda a: list(models.FAMILIES), where=TOKEN,
          help="model family (models.FAMILIES): " + " | ".join(models.FAMILIES), run=True),
     dict(flag="--baseline", type=str, default="mlp", choices=lambda a: list(models.FAMILIES), where=TOKEN,
@@ -282,6 +283,8 @@ def check_relations(args, given):
 
 
 def describe(where):
+    if where == STICKY:                                   # Paper II's experiments: their own command
+        return "python -m dynamics.run"
     if ":" not in where:
         return f"--task {where}"
     return "python -m dynamics.run " + ("(the one-head run)" if where.endswith("one-head") else "--" + where.split(":")[1])

@@ -58,6 +58,9 @@ states predicting the same symbol lay 0.2 S apart, different symbols 1.0 S), so 
 steps, each a change of answer, are expected near S.
 """
 
+if not __package__:                 # run as a file, its folder-qualified imports cannot resolve
+    raise SystemExit("primitives/chainsteps.py: run it as python -m primitives.chainsteps, from the repository's folder")
+
 import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # see layers.py: BLAS threads fight Numba's

@@ -1,24 +1,26 @@
 """construction: a transformer whose weights are written by hand, not trained, that answers the hops task's
-direct questions: the existence proof behind the depth experiment's prediction (primitives/depth.py).
+direct questions; and the prediction of how many layers h hops need, which the depth experiment's rules
+(primitives/depth_rules.py) hold the trained models against.
 
 The prediction, from the token layout (tunnels/hops.py: pairs `k v` in a random order, then `Q H_h x`, the
 answer f^h(x) due at x, causal attention):
   - Binding takes one layer. A value token does not know its key: in the first layer each position reads the
     token before it, so a pair's value position learns its key (and x's position learns h from H_h before it).
-  - Each hop takes one more layer, at x's position. A lookup is one attention: the query (the current symbol)
-    finds the value position whose bound key matches and reads its value. The next hop's query is this hop's
-    answer, so two hops of one chain cannot share a layer: every head of a layer reads the residual stream
-    as it was before the layer.
-  - Pointer doubling (pairs composing f with itself, so that depth grows as log h) does not help here: a
-    pair can compose only with a pair shown before it (causal attention), and the chain's pairs come in any
-    order; in the order of the chain itself no pair can compose with another, so a construction that must
-    answer every order needs the hops at x.
-  So h hops need h + 1 layers: `layers_needed(h)`. One layer fewer cannot answer every order: after
-  binding, x's position makes one lookup a layer, each keyed by the one before, and no other position knows
-  x; so with L layers it follows at most L - 1 pairs of a chain whose pairs come in chain order. (An argument,
-  not a proof for every weight setting: a pair that composes with an earlier pair could shorten some
-  chains, in the orders that allow it. tests/test_construction.py shows the construction itself cut to fewer
-  layers: it answers the hops it has layers for, and the others at chance.)
+  - A hop is one attention: a query (a symbol) finds the value position whose bound key matches and reads
+    its value. x's position can hop once a layer, each hop keyed by the one before.
+  - Pointer doubling shortens it. Of two pairs that follow each other in a chain, one is shown first, and the
+    later one can compose with it: (f(a), f^2(a)) shown after (a, f(a)) finds it by its value, (a, f(a))
+    shown after (f(a), f^2(a)) finds it by its key; either way the later position learns a -> f^2(a). So
+    after binding, layer l can give the pairs f^(2^(l-1)) for every symbol, whatever the order, and x's
+    position, jumping by the largest power ready before each layer, reaches 2^(L-1) - 1 hops with L layers.
+  So h hops need 1 + ceil(log2(h + 1)) layers (`layers_needed`): 2 for one hop, 3 for two or three, 4 for up to
+  seven. Fewer cannot, for every order: a layer lets a position combine what it and one earlier position
+  knew, so the longest composition of f any position holds at most doubles a layer (an argument, not a proof
+  for every weight setting; the k-hop lower bounds of the parallel-computation literature say the same).
+
+The construction here is the simpler, sequential one, an upper bound: one hop a layer at x, so h hops in
+h + 1 layers (`sequential_layers`); it agrees with the prediction for one hop (2 layers) and takes one layer more
+for two and three. The doubling construction of the predicted depth is not built yet.
 
 The construction (`params(s)`) is bayesattn's own transformer (pre-LN blocks, one head, GELU MLP), every
 weight set by hand. Every feature is a pair of coordinates (+a, -a), so each vector's mean is 0 and
@@ -47,7 +49,13 @@ CONFIDENT = 30.0    # the logit of the answer over the others (a one-hot answer:
 
 
 def layers_needed(h):
-    """The prediction: the layers a transformer needs for h hops in this layout, one to bind and one a hop."""
+    """The prediction: the layers a transformer needs for h hops in this layout: one to bind, then pointer
+    doubling, 1 + ceil(log2(h + 1)) (module docstring)."""
+    return 1 + math.ceil(math.log2(h + 1))
+
+
+def sequential_layers(h):
+    """The layers this module's construction takes for h hops: one to bind and one a hop (an upper bound)."""
     return h + 1
 
 
@@ -62,13 +70,13 @@ def features(V, H, T):
 
 def params(s, n_layers=None, dtype="float64"):
     """-> (cfg, params) of the construction for hops settings s (direct format), with n_layers blocks (default
-    layers_needed(max_hops); fewer: the first hops only, the MLP's choice in the last block)."""
+    sequential_layers(max_hops); fewer: the first hops only, the MLP's choice in the last block)."""
     if s["cot"]:
         raise ValueError("the construction answers the direct format (one answer at x)")
     V, H = s["n_symbols"], s["max_hops"]
     sz = hops.sizes(s)
     T = sz["max_len"]
-    L = layers_needed(H) if n_layers is None else n_layers
+    L = sequential_layers(H) if n_layers is None else n_layers
     layout, D = features(V, H, T)
     C = 2 * D                                                   # each logical feature: two coordinates
     cfg = ba.Config(vocab_size=sz["vocab"], n_classes=V, max_len=T, d_model=C, n_layers=L, n_heads=1,

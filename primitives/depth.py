@@ -52,6 +52,9 @@ and at least NOTABLE, else neither (wrong, but neither confident nor unsure).
 --confirm adds the runs of 4x the steps (X4_RULE), after the matched budget's cells.
 """
 
+if not __package__:                 # run as a file, its folder-qualified imports cannot resolve
+    raise SystemExit("primitives/depth.py: run it as python -m primitives.depth, from the repository's folder")
+
 import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # see layers.py: BLAS threads fight Numba's

@@ -6,10 +6,12 @@ extra supervision, judged by primitives/depth_rules.py on fresh seeds.
 Every cell is a train.py run through matrix.run (a finished one is skipped, an interrupted one resumes):
   - the transformer at each depth, direct, at every rate and initialisation of the grid and every seed; the
     direct format asks QUERIES questions a sequence, as many answers as a chain of thought of the same
-    max_hops supervises on average ((max_hops + 1) / 2), so neither is trained on more answers;
+    max_hops supervises on the task itself ((max_hops + 1) / 2, rounded up; under the preset's hop curriculum,
+    which asks fewer hops early, the chain gets fewer: 1.96 a sequence on average against the direct 3 over
+    the default 6,000 steps at 4 hops), so the direct model is never trained on fewer answers;
   - with --cot, the same grid at the depths the prediction calls short (a lookup fits, every hop does not);
-  - until flat: a cell whose held-out loss still falls over the last tenth of its steps (matrix.flat) is run
-    again with 4x the steps, and the longer run stands for it;
+  - longer where not flat: a cell whose loss still falls over the last tenth of its steps (matrix.flat) is
+    run again with 4x the steps (one round: the 4x run is not itself extended), and the longer run stands;
   - for each depth and seed, the setting with the lowest held-out KL (its longest run) is chosen, direct and
     cot apart;
   - the growth control: each depth past the first also started from the chosen run one layer shallower of
@@ -19,6 +21,9 @@ reaches further, the line says the limit was optimisation. The readings and the 
 claims are depth_rules.py's; "without hallucinating" is depth.py's rule (a Wilson interval per short depth
 and seed on the chain's free answers past the direct reach), read at the sweep's chosen runs.
 """
+
+if not __package__:                 # run as a file, its folder-qualified imports cannot resolve
+    raise SystemExit("primitives/depth_sweep.py: run it as python -m primitives.depth_sweep, from the repository's folder")
 
 import os
 
@@ -32,10 +37,11 @@ import math  # noqa: E402
 from harness.checkpoints import write_json  # noqa: E402
 from primitives import construction, depth, depth_rules, matrix  # noqa: E402
 
-# the grid, fixed before its runs: max_hops 3 so that the predicted depths are small (2 to 4 layers);
+# the grid, fixed before its runs: max_hops 4 so that the predicted depths are small (2 layers for one hop,
+# 3 for two and three, 4 for four) and two depths are short (2 and 3);
 # seeds 2, 3, 4: none of the development runs' (0, 1)
 PRESETS = {
-    "default": dict(max_hops=3, depths=(1, 2, 3, 4, 5), rates=(1e-3, 3e-3, 1e-2), inits=("gpt2", "fan-in"),
+    "default": dict(max_hops=4, depths=(1, 2, 3, 4, 5), rates=(1e-3, 3e-3, 1e-2), inits=("gpt2", "fan-in"),
                     seeds=(2, 3, 4)),
     "quick": dict(max_hops=2, depths=(1, 2), rates=(3e-3,), inits=("fan-in",), seeds=(0,)),   # a smoke test
 }
@@ -49,7 +55,7 @@ def queries(max_hops):
 
 def short_depths(depths, max_hops):
     """The depths the prediction calls short: a lookup fits (layers_needed(1)), every hop does not."""
-    return [L for L in depths if construction.layers_needed(1) <= L < construction.layers_needed(max_hops)]
+    return depth_rules.short_depths(depths, max_hops)
 
 
 def setting_name(lr, init):
@@ -77,10 +83,11 @@ def longer(cell, steps):
     return {**cell, "flags": [*cell["flags"], "--steps", str(4 * steps)], "name": cell["name"] + "-4x", "x4": True}
 
 
-def grown_cell(cell, source_dir):
-    """A depth grown from the chosen run one layer shallower (cell: that run's, one layer deeper)."""
-    return {**cell, "flags": [*cell["flags"], "--grow-from", os.path.join(source_dir, "checkpoint.npz")],
-            "name": cell["name"] + "-grown", "grown": True}
+def grown_cell(cell, L, out, source):
+    """Depth L grown from the chosen run one layer shallower (cell: its cell; source: the run's name, its 4x
+    run's where that stands), at its setting; named after the source, so another choice is another cell."""
+    return {**cell, "layers": L, "flags": [*cell["flags"], "--grow-from", os.path.join(out, source, "checkpoint.npz")],
+            "name": f"L{L}-grown-from-{source}", "grown": True}
 
 
 def final(results, cell):
@@ -171,8 +178,7 @@ def run(preset="default", out=None, jobs=2, runner=matrix.run):
         for seed in g["seeds"]:
             src = best.get((below[-1], False, seed))
             if src is not None:
-                cell = {**src[0], "layers": L, "name": src[0]["name"].replace(f"L{below[-1]}-", f"L{L}-", 1)}
-                grown[(L, seed)] = grown_cell(cell, os.path.join(out, src[1]))
+                grown[(L, seed)] = grown_cell(src[0], L, out, src[1])
     if grown:
         results.update(runner(task_preset, out, jobs=jobs, todo=list(grown.values())))
     direct, cot, optimisation = reaches(best, results, grown, g)

@@ -27,6 +27,9 @@ disagrees with the authors' figure or is split, --confirm trains a third seed an
 before the verdict is written; the 4x run reads the budget apart from the verdict (X4_RULE).
 """
 
+if not __package__:                 # run as a file, its folder-qualified imports cannot resolve
+    raise SystemExit("primitives/matrix.py: run it as python -m primitives.matrix, from the repository's folder")
+
 import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # see layers.py: BLAS threads fight Numba's

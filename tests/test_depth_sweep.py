@@ -17,12 +17,12 @@ def test_the_direct_format_is_asked_as_many_answers_as_a_chain_of_thought_gives(
 def test_the_grid():
     g = ds.PRESETS["default"]
     cells = ds.grid_cells(g)
-    assert ds.short_depths(g["depths"], 3) == [2, 3]
+    assert ds.short_depths(g["depths"], g["max_hops"]) == [2, 3]
     assert len(cells) == (5 + 2) * 3 * 2 * 3                             # depths (direct, cot) x rates x inits x seeds
     assert set(g["seeds"]).isdisjoint({0, 1})                            # fresh: not the development runs' seeds
     assert len({c["name"] for c in cells}) == len(cells)
     direct = next(c for c in cells if not c["cot"])
-    assert direct["flags"][:4] == ["--max-hops", "3", "--queries", "2"] and "--cot" not in direct["flags"]
+    assert direct["flags"][:4] == ["--max-hops", "4", "--queries", "3"] and "--cot" not in direct["flags"]
 
 
 def metrics(kl, acc, cot=False):
@@ -61,9 +61,9 @@ def test_the_quick_sweep_runs_end_to_end(tmp_path):
     grown run), the summary written with both claims judged by depth_rules."""
     summary = ds.run("quick", str(tmp_path / "sweep"), jobs=2)
     written = json.loads((tmp_path / "sweep" / "depth-sweep.json").read_text())
-    assert written["queries"] == 2 and set(written["claims"]) == {"runs out", "extends"}
+    assert written["queries"] == 2 and set(written["claims"]) == {"runs out", "extends", "without hallucinating"}
     assert all(v["verdict"] in (dr.SUPPORTED, dr.NOT_SUPPORTED, dr.UNDECIDED) for v in written["claims"].values())
-    assert os.path.isdir(tmp_path / "sweep" / "L2-direct-lr0.003-fan-in-s0-grown")
+    assert os.path.isdir(tmp_path / "sweep" / "L2-grown-from-L1-direct-lr0.003-fan-in-s0")
     assert summary["direct"] and summary["cot"]
 
 

@@ -388,3 +388,17 @@ def test_runs_written_before_the_move_still_load(tmp_path, capsys):
                 "--out", str(stopped)])
     assert json.loads((stopped / "metrics.json").read_text())["steps"] == 4
     assert "resume" not in capsys.readouterr().err
+
+
+WING_COMMANDS = ("primitives.matrix", "primitives.depth", "primitives.depth_sweep", "primitives.chainsteps",
+                 "geometry.run", "dynamics.run", "bench.transformer", "bench.recurrent", "harness.compare")
+
+
+@pytest.mark.parametrize("command", WING_COMMANDS)
+def test_a_wing_command_run_as_a_file_says_how_to_run_it(command):
+    """`python primitives/matrix.py` (a file, not a module) cannot resolve folder-qualified imports: one line
+    that names the command's form, no traceback."""
+    path = command.replace(".", os.sep) + ".py"
+    proc = subprocess.run([sys.executable, path], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip() == f"{path}: run it as python -m {command}, from the repository's folder"
