@@ -162,6 +162,8 @@ def flag_table():
         for flag, spec in tasks.task(name).FLAGS.items():
             row = table.setdefault(flag, dict(flag=flag, dest=spec["setting"], type=spec["type"], setting=True,
                                               help=spec["help"], checks={}, where=(), run=True))
+            if row["where"] and spec["help"] not in row["help"]:     # another task's use of the flag: its help too
+                row["help"] += "; " + spec["help"]
             row["where"] = (*row["where"], name)
             row["checks"][name] = spec["check"]
     for row in table.values():

@@ -402,3 +402,16 @@ def test_a_wing_command_run_as_a_file_says_how_to_run_it(command):
     proc = subprocess.run([sys.executable, path], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.strip() == f"{path}: run it as python -m {command}, from the repository's folder"
+
+
+def test_a_task_setting_is_set_by_one_flag():
+    """Two tasks may share a flag (one setting, each task its own check), never two flags one setting: that
+    would mark both flags typed (a --K for the HMM read as transport's --obs, found by CI)."""
+    from harness import flags
+    by_setting = {}
+    for flag, row in flags.flag_table().items():
+        if row.get("setting"):
+            by_setting.setdefault(row["dest"], []).append(flag)
+    shared = {d: f for d, f in by_setting.items() if len(f) > 1}
+    assert not shared, shared
+    assert "hops" in flags.flag_table()["--queries"]["help"] and "recall" in flags.flag_table()["--queries"]["help"]

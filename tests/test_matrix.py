@@ -45,7 +45,8 @@ def test_cells_are_compared_with_the_authors_figure_where_it_has_them():
 
 def test_the_cells_of_each_preset():
     n_t, n_f = len(matrix.PRIMITIVE), len(models.FAMILIES)
-    assert set(matrix.PRIMITIVE) == set(tasks.TASKS) - {"hops"}    # every task but the depth experiment's
+    # every task but the depth experiment's, and transport (not yet a column of the matrix: issue 43's next part)
+    assert set(matrix.PRIMITIVE) == set(tasks.TASKS) - {"hops", "transport"}
     quick, default = matrix.cells("quick"), matrix.cells("default")
     assert len(quick) == n_t * n_f and {c["seed"] for c in quick} == {0} and not any(c["layers"] for c in quick)
     # depth rows at 1, 2, 4 layers but the preset's own (bijection 3: none; sawtooth and recall 2; the HMM 4)

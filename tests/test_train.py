@@ -53,7 +53,7 @@ def load(path):
 
 
 @pytest.mark.parametrize("args, expected", [
-    (["--task", "bijektion"], "--task 'bijektion': allowed are bijection, sawtooth, hmm, recall, hops, sticky"),
+    (["--task", "bijektion"], "--task 'bijektion': allowed are bijection, sawtooth, hmm, recall, hops, transport, sticky"),
     (["--model", "rnn"], "--model 'rnn': allowed are transformer, mlp, prefix-mlp, lstm, ssm"),
     (["--baseline", "gru"], "--baseline 'gru': allowed are transformer, mlp, prefix-mlp, lstm, ssm"),
     (["--init", "zeros"], "--init 'zeros': allowed are gpt2, fan-in"),

@@ -32,7 +32,7 @@ def test_the_posterior_is_the_brute_forces():
     for i in range(3):
         np.testing.assert_allclose(b["posterior"][i, tr.HEADER:], brute_force(P[i], E[i], obs[i]), atol=1e-12)
     assert set(b["tokens"][:, 0]) <= set(range(90, 98)) and set(b["tokens"][:, 1]) <= set(range(35, 51))
-    assert (b["tokens"][:, 2] == tr.SEP).all() and tasks.sizes("transport", {"n_obs": 4})["max_len"] == 7
+    assert (b["tokens"][:, 2] == tr.SEP).all() and tasks.sizes("transport", {"observations": 4})["max_len"] == 7
 
 
 def test_window_filters_by_hand():

@@ -35,8 +35,8 @@ ACC = (35, 50)              # the emission of a state's own symbol, in hundredth
 SEP, OBS0, VOCAB = 101, 102, 107
 HEADER = 3                  # stay acc SEP
 WINDOWS = (0, 1, 2, 4, 8, 16)
-SETTINGS = {"n_obs": 20}
-TINY = {"train": {"n_obs": 6}, "grad": {"n_obs": 12}}    # the conformance tests' shapes: 9 and 15 positions
+SETTINGS = {"observations": 20}    # (not n_obs: a setting name is one flag, and --K sets the HMM's)
+TINY = {"train": {"observations": 6}, "grad": {"observations": 12}}    # the conformance tests' shapes: 9 and 15 positions
 ANSWER_LABEL = "observation t"
 CLUSTERS = "hidden state"
 
@@ -45,7 +45,7 @@ def check_n_obs(n_obs, s):
     return None if n_obs >= 1 else "transport needs at least 1 observation"
 
 
-FLAGS = {"--obs": dict(setting="n_obs", type=int, check=check_n_obs,
+FLAGS = {"--obs": dict(setting="observations", type=int, check=check_n_obs,
                        help="transport: observations per sequence (default 20)")}
 PRESETS = {
     "quick":   dict(batch=16, steps=40, lr=3e-3, warmup=10),
@@ -58,16 +58,16 @@ PRESETS = {
 # the task protocol
 
 def sizes(s):
-    return dict(vocab=VOCAB, classes=S, max_len=HEADER + s["n_obs"], eval_len=HEADER + s["n_obs"])
+    return dict(vocab=VOCAB, classes=S, max_len=HEADER + s["observations"], eval_len=HEADER + s["observations"])
 
 
 def sample(rng, n, s, step=None):
-    return batch(rng, n, s["n_obs"])
+    return batch(rng, n, s["observations"])
 
 
 def prior_gap_bits(s, n=20_000, seed=0):
     """The paper metric of a prior-only predictor: log2 S - E[H_Bayes] over the observations, Monte Carlo."""
-    b = batch(np.random.default_rng(seed), n, s["n_obs"])
+    b = batch(np.random.default_rng(seed), n, s["observations"])
     return float(np.log2(S) - wt.entropy_bits(b["posterior"][:, HEADER:]).mean())
 
 
