@@ -35,6 +35,7 @@ def test_at_the_predicted_depth_every_lookup_is_answered(held_out):
         assert e["elimination"]["kl_bits"] == pytest.approx(e["follow_shown"]["elimination_kl_bits"], abs=1e-6)
 
 
+@pytest.mark.ci_only
 @pytest.mark.parametrize("layers", [2, 3, 4])
 def test_with_fewer_layers_it_answers_only_the_hops_it_has_layers_for(held_out, layers):
     """Cut to L layers, the construction answers h <= L - 1 as before and the deeper hops at chance (its
