@@ -218,6 +218,21 @@ def detokenize(tokens):
     return P, E, obs
 
 
+def sample_chains(rng, P, E, n_obs):
+    """A state path and its observations for each of n HMMs: s_0 uniform, o_t ~ E[s_t], s_(t+1) ~ P[s_t].
+    P, E (n, S, S) -> states, obs (n, n_obs) int64."""
+    n, S_ = len(P), P.shape[-1]
+    rows = np.arange(n)
+    states = np.zeros((n, n_obs), dtype=np.int64)
+    obs = np.zeros((n, n_obs), dtype=np.int64)
+    states[:, 0] = rng.integers(0, S_, size=n)  # s_0 ~ uniform pi
+    for t in range(n_obs):
+        obs[:, t] = wt.sample_categorical(rng, E[rows, states[:, t]])  # o_t ~ E[s_t]
+        if t + 1 < n_obs:
+            states[:, t + 1] = wt.sample_categorical(rng, P[rows, states[:, t]])  # s_{t+1} ~ P[s_t]
+    return states, obs
+
+
 def batch(rng, n, n_obs=20):
     """n sequences of the HMM task (a fresh HMM each) with exact filtering posteriors; T = 52 + n_obs."""
     if n < 1:
@@ -225,14 +240,7 @@ def batch(rng, n, n_obs=20):
     if n_obs < 1:
         raise ValueError(f"n_obs must be >= 1, got {n_obs}")
     P, E = sample_params_batch(rng, n)  # (n, S, S) each
-    rows = np.arange(n)
-    states = np.zeros((n, n_obs), dtype=np.int64)
-    obs = np.zeros((n, n_obs), dtype=np.int64)
-    states[:, 0] = rng.integers(0, S, size=n)  # s_0 ~ uniform pi
-    for t in range(n_obs):
-        obs[:, t] = wt.sample_categorical(rng, E[rows, states[:, t]])  # o_t ~ E[s_t]
-        if t + 1 < n_obs:
-            states[:, t + 1] = wt.sample_categorical(rng, P[rows, states[:, t]])  # s_{t+1} ~ P[s_t]
+    states, obs = sample_chains(rng, P, E, n_obs)
     pi = np.full(S, 1.0 / S)
 
     tokens = np.concatenate([header_tokens(P, E), OBS0 + obs], axis=1)  # (n, 52 + n_obs)

@@ -93,13 +93,7 @@ def batch(rng, n, n_obs=20):
     stay = rng.integers(STAY[0], STAY[1] + 1, size=n)                  # (n,) hundredths
     acc = rng.integers(ACC[0], ACC[1] + 1, size=n)                     # (n,) hundredths
     P, E = matrices(stay / 100, acc / 100)                             # (n, S, S) each
-    rows = np.arange(n)
-    states, obs = np.zeros((n, n_obs), dtype=np.int64), np.zeros((n, n_obs), dtype=np.int64)
-    states[:, 0] = rng.integers(0, S, size=n)
-    for t in range(n_obs):
-        obs[:, t] = wt.sample_categorical(rng, E[rows, states[:, t]])
-        if t + 1 < n_obs:
-            states[:, t + 1] = wt.sample_categorical(rng, P[rows, states[:, t]])
+    states, obs = hmm.sample_chains(rng, P, E, n_obs)                  # (n, n_obs) each
     tokens = np.concatenate([stay[:, None], acc[:, None], np.full((n, 1), SEP), OBS0 + obs], axis=1)
     T = HEADER + n_obs
     targets, mask, posterior = np.zeros((n, T), dtype=np.int64), np.zeros((n, T)), np.zeros((n, T, S))
