@@ -144,37 +144,74 @@ def row_label(family, layers=None):
 
 def plot_primitives(rows, path, good, partial, primitive=None, floors=None, depths=None):
     """The measured matrix (matrix.table rows): families (and the transformer's depth rows) down, tasks across,
-    each cell coloured by its score (mean over seeds), the scores per seed and the mark printed; the authors'
-    hand-drawn mark beside it where their figure has the cell, and a run of 4x the steps where one was trained
-    (matrix.X4_RULE); primitive: {task: what it exercises}; floors:
-    {task: its shortcut's score}, under the task's name; depths: {task: the transformer row's layers}, said
-    in the depth row's cell that the transformer row already is."""
+    each cell coloured by the share of its shortcut's gap it closes (mean over seeds: the score the marks read,
+    so a model at or below the shortcut is never green), that share per seed and the mark printed, the score
+    against uniform under it; the effective memory where the task reads one; the authors' hand-drawn mark
+    beside it where their figure has the cell, and a run of 4x the steps where one was trained
+    (matrix.X4_RULE); primitive: {task: what it exercises}; floors: {task: its shortcut's score}, under the
+    task's name; depths: {task: the transformer row's layers}, said in the depth row's cell that the
+    transformer row already is."""
     plt = _plt()
+    cut = lambda s: f"{np.floor(s * 100) / 100:.2f}"
     task_names = list(dict.fromkeys(r["task"] for r in rows))
     fams = list(dict.fromkeys((r["family"], r["layers"]) for r in rows))
     grid = np.full((len(fams), len(task_names)), np.nan)
-    fig, ax = plt.subplots(figsize=(2.2 + 2.3 * len(task_names), 1.2 + 0.62 * len(fams)))
+    fig, ax = plt.subplots(figsize=(2.2 + 2.5 * len(task_names), 1.2 + 0.8 * len(fams)))
     for r in rows:
         i, j = fams.index((r["family"], r["layers"])), task_names.index(r["task"])
-        grid[i, j] = np.mean(r["score"]) if r["score"] else np.nan      # a cell sitting out: blank
-        authors = "" if r.get("authors") is None else f"\nauthors: {r['authors']}"
-        x4 = f"\n4x the steps: {np.floor(r['score_4x'] * 100) / 100:.2f} {r['mark_4x']}" if "score_4x" in r else ""
-        scores = " / ".join(f"{np.floor(s * 100) / 100:.2f}" for s in r["score"])
-        ax.text(j, i, f"{scores}  {r['verdict']}{authors}{x4}",
-                ha="center",
-                va="center", fontsize=7)
+        grid[i, j] = np.mean(r["closed"]) if r["score"] else np.nan      # a cell sitting out: blank
+        text = f"{' / '.join(cut(s) for s in r['closed'])}  {r['verdict']}" if r["score"] else r["verdict"]
+        if r["score"] and r.get("floor") is not None:
+            text += f"\n(vs uniform {' / '.join(cut(s) for s in r['score'])})"
+        if r.get("memory"):
+            text += "\nmemory k " + " / ".join("< 0" if w == "below" else f"{k:.1f}"
+                                                for k, w in zip(r["memory"], r["memory_where"]))
+        if r.get("authors") is not None:
+            text += f"\nauthors: {r['authors']}"
+        if "score_4x" in r:
+            text += f"\n4x the steps: {cut(r['closed_4x'])} {r['mark_4x']}"
+        ax.text(j, i, text, ha="center", va="center", fontsize=6.5)
     for j, t in enumerate(task_names):
-        if depths and ("transformer", depths.get(t)) in fams:
+        if depths and t in depths and ("transformer", depths[t]) in fams:
             ax.text(j, fams.index(("transformer", depths[t])), "the transformer row\n(its preset's depth)",
                     ha="center", va="center", fontsize=7, color="gray")
     im = ax.imshow(np.clip(grid, 0, 1), cmap="RdYlGn", vmin=0, vmax=1, aspect="auto")
-    floor = lambda t: "" if not floors or floors.get(t) is None else f"; shortcut {np.floor(floors[t] * 100) / 100:.2f}"
+    floor = lambda t: "" if not floors or floors.get(t) is None else f"; shortcut {cut(floors[t])}"
     ax.set_xticks(range(len(task_names)), [t + (f"\n({primitive[t]}{floor(t)})" if primitive and t in primitive else "")
                                            for t in task_names])
     ax.set_yticks(range(len(fams)), [row_label(f, L) for f, L in fams])
-    fig.colorbar(im, ax=ax, label="score: 1 - KL(model) / KL(uniform)")
-    ax.set_title(f"the primitives, measured (per seed; mark: {good:g} and above, ~ from {partial:g}, "
-                 f"below it a cross)", fontsize=9)
+    fig.colorbar(im, ax=ax, label="share of the shortcut's gap closed")
+    ax.set_title(f"the primitives, measured (per seed, against each task's shortcut; mark: {good:g} and above,\n"
+                 f"~ from {partial:g}, below it a cross)", fontsize=9)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_memory(steps, rows, path, task):
+    """Effective memory: the window filters' KL against the observations k they remember (steps {k: KL}, on a
+    log2(1 + k) axis), each row's KL (matrix.table rows with memory) as a horizontal line per seed, and where
+    it crosses the staircase marked: that seed's effective memory."""
+    plt = _plt()
+    ks = sorted(steps)
+    x = lambda k: np.log2(1 + np.asarray(k, float))
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    ax.plot(x(ks), [steps[k] for k in ks], "k-o", lw=2, ms=5, label="window filter of k observations", zorder=3)
+    for c, r in enumerate(rows):
+        for s, (kl, k, where) in enumerate(zip(r["kl"], r["memory"], r["memory_where"])):
+            ax.axhline(kl, color=f"C{c}", lw=1, ls="-" if s == 0 else "--", alpha=0.8,
+                       label=f"{row_label(r['family'], r['layers'])}: k " + " / ".join(
+                           "< 0" if w == "below" else f"{m:.1f}" for m, w in zip(r["memory"], r["memory_where"]))
+                       if s == 0 else None)
+            if where == "within":
+                ax.plot(x(k), kl, "o", color=f"C{c}", ms=7, mfc="none", mew=1.5, zorder=4)
+    ax.set_xticks(x(ks), [str(k) for k in ks])
+    ax.set_yscale("log")
+    ax.set_xlabel("k, the observations a window filter remembers (log2(1 + k) axis)")
+    ax.set_ylabel("KL(posterior || model) (bits)")
+    ax.set_title(f"{task}: effective memory (a seed's line crosses the staircase at its k; one line a seed)",
+                 fontsize=9)
+    ax.legend(frameon=False, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    ax.grid(alpha=0.3)
     fig.tight_layout()
     return _save(fig, path)
 

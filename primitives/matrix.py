@@ -16,15 +16,21 @@ HMM trains on soft targets. Depth rows: the transformer also at DEPTHS layers of
 (teaching, CI's smoke test): each task's quick preset, the families at their quick sizes (not matched), one
 seed, no depth rows.
 
-The score reads the same on every task: the fraction of the prior's gap closed, 1 - KL(model) / KL(a uniform
-predictor), both on the cell's held-out answers (metrics kl_bits and prior_kl_bits). The marks are fixed here,
-before any matrix run: a check at a score of at least GOOD, ~ from PARTIAL up, a cross below; and a check or
-a ~ only above the task's shortcut, a predictor without its primitive (tasks.shortcut: the HMM's current
-observation weighed by the chain's marginal at its time scores about 0.925 without carrying anything from one
-observation to the next; recall's stored values without their keys about 0.44), by SHORTCUT_MARGIN. A cell
-whose seeds get different marks is marked split (with three seeds, a majority decides). Where a cell's mark
-disagrees with the authors' figure or is split, --confirm trains a third seed and a run of 4x the steps
-before the verdict is written; the 4x run reads the budget apart from the verdict (X4_RULE).
+Two scores, on the cell's held-out answers. The score against uniform: the fraction of the prior's gap closed,
+1 - KL(model) / KL(a uniform predictor) (metrics kl_bits and prior_kl_bits). The score against the shortcut
+(`closed`), which decides the mark: the share of what the task's best predictor without its primitive leaves
+that the model closes, (score - floor) / (1 - floor), the floor being that predictor's score (tasks.shortcut:
+the HMM's current observation weighed by the chain's marginal, about 0.92; transport's memoryless filter,
+about 0.28; recall's stored values without their keys, about 0.44; the sawtooth's answer without its lookup;
+the bijection has none, its floor the uniform prior, 0). The marks, one threshold for every column: a check
+at a closed share of at least GOOD, ~ from PARTIAL up, a cross below (so a model at or below its shortcut is
+a cross whatever its score against uniform). A cell whose seeds get different marks is marked split (with
+three seeds, a majority decides). The transport column also reads each seed's effective memory
+(tunnels/transport.effective_memory): the k whose window filter of k observations has the model's KL.
+
+--confirm treats every cell alike, whatever the authors drew: three seeds (CONFIRM_SEEDS) for every cell, and
+for every cell whose training loss still falls over the last tenth of its steps in any seed (flat), one run
+of 4x the steps (seed 0), its mark reported beside the seeds' (X4_RULE).
 """
 
 if not __package__:                 # run as a file, its folder-qualified imports cannot resolve
@@ -46,17 +52,20 @@ import models  # noqa: E402
 from harness import plots  # noqa: E402
 from tunnels import tasks  # noqa: E402
 
-GOOD, PARTIAL = 0.95, 0.50          # the marks' thresholds on the score, fixed before the first matrix run
-MARKS = ("✓", "~", "✗")             # score >= GOOD, PARTIAL <= score < GOOD, score < PARTIAL, and either of the
-SHORTCUT_MARGIN = 0.01              # first two only above the task's shortcut's score by this margin (its floor)
+GOOD, PARTIAL = 0.95, 0.50          # the marks' thresholds on the closed share, fixed before the first matrix run
+MARKS = ("✓", "~", "✗")             # closed >= GOOD, PARTIAL <= closed < GOOD, closed < PARTIAL
 FLOOR_SEQS = 1000                   # held-out sequences the shortcut's score is measured on
 DEPTHS = (1, 2, 4)                  # the transformer's depth rows (the default preset)
 PRESETS = {"quick": dict(seeds=(0,), depth=False), "default": dict(seeds=(0, 1), depth=True)}
+CONFIRM_SEEDS = (0, 1, 2)           # --confirm: every cell
 SOFT = ("hmm",)                     # tasks trained on soft targets (as every HMM row in tunnels/README.md)
 # what each task exercises, and the authors' hand-drawn figure (revised Paper I): accumulation is the
 # bijection, transport HMM filtering, binding associative recall; the sawtooth's repeated keys need a lookup
 # (close to binding) and are not in their figure; nor is the prefix MLP (their text: "MLPs realize none")
-PRIMITIVE = {"bijection": "accumulation", "sawtooth": "lookup", "hmm": "transport", "recall": "binding"}
+# transport twice: the authors' HMM, where one observation of memory nearly filters, and the transport tunnel,
+# where filtering needs many (their figure's transport mark is compared with both)
+PRIMITIVE = {"bijection": "accumulation", "sawtooth": "lookup", "hmm": "transport", "transport": "transport",
+             "recall": "binding"}
 # the matrix's columns are these tasks; a task registered for another experiment (hops: depth and chain of
 # thought) is not a primitive of the table
 AUTHORS = {"transformer": {"accumulation": "✓", "transport": "✓", "binding": "✓"},
@@ -76,16 +85,23 @@ def score(metrics):
     return 1.0 - metrics["kl_bits"] / metrics["prior_kl_bits"]
 
 
+def closed(s, floor=None):
+    """The share of the shortcut's gap a model closes: (s - floor) / (1 - floor), s and floor scores against
+    uniform; floor None (no shortcut: the uniform prior) -> s itself."""
+    return s if floor is None else (s - floor) / (1.0 - floor)
+
+
 def mark(s, floor=None):
-    """One seed's score -> its mark. floor: the score of the task's shortcut (the best predictor without the
-    primitive, tasks.shortcut): a check or a ~ asks for more than it (by SHORTCUT_MARGIN); None: the uniform
-    prior is the floor, which any score above PARTIAL beats."""
-    above = floor is None or s > floor + SHORTCUT_MARGIN
-    return MARKS[0] if s >= GOOD and above else MARKS[1] if s >= PARTIAL and above else MARKS[2]
+    """One seed's score against uniform -> its mark, from the share it closes of its task's shortcut's gap
+    (closed): a check from GOOD, ~ from PARTIAL, else a cross. floor: the shortcut's score (tasks.shortcut),
+    None for the uniform prior."""
+    c = closed(s, floor)
+    return MARKS[0] if c >= GOOD else MARKS[1] if c >= PARTIAL else MARKS[2]
 
 
 def verdict(scores, floor=None):
-    """The seeds' scores of a cell -> its mark where every seed gets it; with three seeds or more (--confirm),
+    """The seeds' scores (against uniform) of a cell, its task's floor -> its mark where every seed gets it; with
+    three seeds or more (--confirm),
     the mark of a majority, the seeds' marks beside it; else "split (a/b)"."""
     marks = [mark(s, floor) for s in scores]
     if len(set(marks)) == 1:
@@ -113,6 +129,30 @@ def floor_score(task, preset):
     shortcut: the uniform prior, score 0)."""
     m = shortcut_metrics(task, preset)
     return None if m is None else score(m)
+
+
+def floors(preset):
+    """{task: floor_score} for every column: what each column's marks are read against."""
+    return {t: floor_score(t, preset) for t in PRIMITIVE}
+
+
+def memory_steps(task, preset, seqs=FLOOR_SEQS):
+    """{k: KL bits} of the task's window filters of k observations (its WINDOWS; the tasks whose module reads
+    effective_memory, as tunnels/transport.py) on `seqs` held-out sequences of its preset, each scored as a
+    cell is (evaluate): the steps effective memory is read between. None for the other tasks."""
+    from harness import flags
+    from evaluation import evaluate
+    mod = tasks.task(task)
+    if not hasattr(mod, "effective_memory"):
+        return None
+    s = flags.parse_args(["--task", task, "--preset", preset]).settings
+    batch = tasks.held_out_sets(task, s, seqs, 0)[""]
+    return {k: evaluate(lambda tokens, k=k: mod.window_filter(batch, k), batch)[0]["kl_bits"] for k in mod.WINDOWS}
+
+
+def effective_memory(task, kl, steps):
+    """A seed's effective memory, its task module's reading (tunnels/transport.effective_memory): -> (k, where)."""
+    return tasks.task(task).effective_memory(kl, steps)
 
 
 def cell_mark(cell_verdict):
@@ -357,11 +397,12 @@ def shown(s):
     return f"{math.floor(s * 1000) / 1000:.3f}"
 
 
-X4_RULE = """The run of 4x the steps (--confirm; seed 0), written before any 4x run finished: it does not change
-the verdict, which is the matched budget's (the seeds' marks). It answers whether the budget was the limit:
-"budget-limited" where its mark is better than the verdict's mark (or than every seed's, for a split), "not
-the budget" where it is the same or worse, and its agreement with the authors is reported apart
-(agreement_4x)."""
+X4_RULE = """The run of 4x the steps (--confirm; seed 0), for every cell whose training loss still falls over the
+last tenth of its steps in any seed (flat), whatever its mark or the authors' figure; written before any 4x run
+finished: it does not change the verdict, which is the matched budget's (the seeds' marks). It answers whether
+the budget was the limit: "budget-limited" where its mark is better than the verdict's mark (or than every
+seed's, for a split), "not the budget" where it is the same or worse, and its agreement with the authors is
+reported apart (agreement_4x)."""
 
 
 def budget_reading(cell_verdict, mark_4x):
@@ -372,29 +413,33 @@ def budget_reading(cell_verdict, mark_4x):
     return "budget-limited" if all(rank[mark_4x] < rank[x] for x in seeds) else "not the budget"
 
 
-def followups(rows, preset, seeds=None):
-    """The cells a disagreement with the authors' figure asks for before its verdict is written: a third seed
-    and one run of 4x the task's steps (seed 0; X4_RULE), for each row whose verdict disagrees or is split
-    (--confirm)."""
-    seeds = PRESETS[preset]["seeds"] if seeds is None else seeds
-    out = []
-    for r in rows:
-        if r.get("agreement") not in ("disagrees", "split"):
+def longer_runs(results, out, preset, seeds=None):
+    """--confirm's runs of 4x the task's steps (seed 0; X4_RULE): one for every cell, depth rows too, whose
+    training loss is not flat at the end of any of its seeds' runs (flat, on each run's log.csv). Which cells
+    they are depends on the losses alone, not on the marks or the authors' figure."""
+    groups = {}
+    for c in cells(preset, seeds):
+        m = results.get(c["name"])
+        if m is not None and "sits_out" not in m and "failed" not in m:
+            groups.setdefault((c["task"], c["family"], c["layers"]), []).append(c)
+    todo = []
+    for (task, family, layers), ran in groups.items():
+        if all(flat(os.path.join(out, c["name"], "log.csv")) for c in ran):
             continue
-        base = dict(task=r["task"], family=r["family"], layers=None)
-        third = max(seeds) + 1
-        out.append({**base, "seed": third, "name": f"{r['task']}-{r['family']}-s{third}"})
-        steps = 4 * tasks.task(r["task"]).PRESETS[preset]["steps"]
-        out.append({**base, "seed": 0, "x4": True, "flags": ["--steps", str(steps)],
-                    "name": f"{r['task']}-{r['family']}-4x-s0"})
-    return out
+        tag = f"-L{layers}" if layers else ""
+        steps = 4 * tasks.task(task).PRESETS[preset]["steps"]
+        todo.append(dict(task=task, family=family, layers=layers, seed=0, x4=True, flags=["--steps", str(steps)],
+                         name=f"{task}-{family}{tag}-4x-s0"))
+    return todo
 
 
-def table(results, preset, seeds=None, extra=(), floors=None):
-    """-> rows: dict(task, family, layers, kl (per seed), score (per seed), floor, verdict, authors); extra: the
-    followups' cells (a third seed joins the seeds; the 4x run is reported apart, as score_4x); floors: {task:
-    its shortcut's score} (floor_score), which a mark must beat."""
-    rows, floors = {}, floors or {}
+def table(results, preset, seeds=None, extra=(), floors=None, memory=None):
+    """-> rows: dict(task, family, layers, kl, score (against uniform), closed (against the floor), floor,
+    verdict, authors, memory (its task's reading, or absent)), kl, score and closed per seed; extra: the 4x
+    runs' cells (reported apart, as kl_4x, score_4x, closed_4x); floors: {task: its shortcut's score}
+    (floor_score), which the marks are read against; memory: {task: memory_steps}, the tasks whose seeds get an
+    effective memory."""
+    rows, floors, memory = {}, floors or {}, memory or {}
     for c in [*cells(preset, seeds), *extra]:
         m = results.get(c["name"])
         if m is None:
@@ -418,13 +463,21 @@ def table(results, preset, seeds=None, extra=(), floors=None):
         if "sits_out" in r or "failed" in r:
             r.update(verdict="sits out" if "sits_out" in r else "failed", authors=None, agreement=None)
             continue
+        r["closed"] = [closed(s, r["floor"]) for s in r["score"]]
         r["verdict"] = verdict(r["score"], r["floor"])
         r["authors"] = None if r["layers"] else AUTHORS.get(r["family"], {}).get(PRIMITIVE[r["task"]])
         r["agreement"] = None if r["layers"] else against_authors(r["family"], r["task"], r["verdict"])
+        steps = memory.get(r["task"])
+        if steps is not None:
+            read = [effective_memory(r["task"], kl, steps) for kl in r["kl"]]
+            r["memory"], r["memory_where"] = [k for k, _ in read], [w for _, w in read]
         if "score_4x" in r:                              # the budget's question, apart from the verdict (X4_RULE)
+            r["closed_4x"] = closed(r["score_4x"], r["floor"])
             r["mark_4x"] = mark(r["score_4x"], r["floor"])
             r["budget"] = budget_reading(r["verdict"], r["mark_4x"])
             r["agreement_4x"] = None if r["authors"] is None else "agrees" if r["mark_4x"] == r["authors"] else "disagrees"
+            if steps is not None:
+                r["memory_4x"] = effective_memory(r["task"], r["kl_4x"], steps)[0]
     return list(rows.values())
 
 
@@ -507,18 +560,30 @@ def sweep_lines(rows):
     return out
 
 
+def memory_text(r):
+    """A row's effective memory, seed by seed ("k 2.31 / 2.05", a bound as "< 0" or ">= 16"), or ""."""
+    if "memory" not in r:
+        return ""
+    one = lambda k, w: "< 0" if w == "below" else f">= {k:g}" if w == "above" else f"{k:.2f}"
+    return "k " + " / ".join(one(k, w) for k, w in zip(r["memory"], r["memory_where"]))
+
+
 def lines(rows):
-    head = f"{'task':<10}{'family':<22}{'params':>9}{'steps':>8}  {'KL (bits), per seed':<26}{'score':<24}{'mark':<14}authors"
+    head = (f"{'task':<10}{'family':<22}{'params':>9}{'steps':>8}  {'KL (bits), per seed':<24}{'vs uniform':<22}"
+            f"{'vs shortcut':<24}{'mark':<14}{'authors':<18}memory")
     out = [head, "-" * len(head)]
     for r in rows:
         fam = plots.row_label(r["family"], r["layers"])
         if "sits_out" in r or "failed" in r:
             out.append(f"{r['task']:<10}{fam:<22}  {r['verdict']}: {r.get('sits_out') or r.get('failed')}")
             continue
-        x4 = (f"; 4x the steps: score {shown(r['score_4x'])} {r['mark_4x']} ({r['budget']})" if "score_4x" in r else "")
+        x4 = (f"; 4x the steps: {shown(r['score_4x'])} vs uniform, {shown(r['closed_4x'])} vs the shortcut, "
+              f"{r['mark_4x']} ({r['budget']})" + (f", k {r['memory_4x']:.2f}" if "memory_4x" in r else "")
+              if "score_4x" in r else "")
+        authors = "" if r["authors"] is None else r["authors"] + " (" + r["agreement"] + ")"
         out.append(f"{r['task']:<10}{fam:<22}{r['params']:>9,}{r['steps']:>8}  "
-                   f"{' / '.join(f'{k:.3g}' for k in r['kl']):<26}{' / '.join(shown(s) for s in r['score']):<24}"
-                   f"{r['verdict']:<14}{'' if r['authors'] is None else r['authors'] + ' (' + r['agreement'] + ')'}{x4}")
+                   f"{' / '.join(f'{k:.3g}' for k in r['kl']):<24}{' / '.join(shown(s) for s in r['score']):<22}"
+                   f"{' / '.join(shown(s) for s in r['closed']):<24}{r['verdict']:<14}{authors:<18}{memory_text(r)}{x4}")
     return out
 
 
@@ -526,11 +591,12 @@ def main(argv_=None):
     p = argparse.ArgumentParser(prog="python -m primitives.matrix", description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", choices=list(PRESETS), default="default")
     p.add_argument("--out", default=None, help="the cells' directory (default runs/matrix[-quick])")
-    p.add_argument("--seeds", type=int, nargs="+", default=None, help="default: the preset's (quick 0; default 0 1)")
+    p.add_argument("--seeds", type=int, nargs="+", default=None, help="default: the preset's (quick 0; default 0 1; "
+                   "with --confirm 0 1 2)")
     p.add_argument("--jobs", type=int, default=2, help="cells at a time (default 2, one per core)")
     p.add_argument("--figures", default="figures", help="where primitives.png goes (default figures)")
-    p.add_argument("--confirm", action="store_true", help="where a cell's mark disagrees with the authors' figure, "
-                   "also train a third seed and a run of 4x the steps before the verdict")
+    p.add_argument("--confirm", action="store_true", help="every cell alike: three seeds (0, 1, 2), and a run of 4x "
+                   "the steps for every cell whose loss still falls at the end of any seed's run")
     p.add_argument("--sweep", choices=("capacity", "filler"), help="instead of the matrix: the recall sweep over the "
                    "stored pairs (4 to 64) or the filler (0 to 128), every family at the transformer's count")
     a = p.parse_args(argv_)
@@ -550,26 +616,32 @@ def main(argv_=None):
         print(plots.plot_sweep(rows, os.path.join(a.figures, f"recall-{a.sweep}.png"), a.sweep, shortcut))
         return
     out = a.out or os.path.join("runs", "matrix" + ("-quick" if a.preset == "quick" else ""))
-    results = run(a.preset, out, a.seeds, a.jobs)
-    floors = {t: floor_score(t, a.preset) for t in PRIMITIVE}
-    rows = table(results, a.preset, a.seeds, floors=floors)
-    extra = followups(rows, a.preset, a.seeds) if a.confirm else []
-    if extra:                                          # a third seed and a 4x run where the authors disagree
-        results.update(run(a.preset, out, a.seeds, a.jobs, todo=extra))
-        rows = table(results, a.preset, a.seeds, extra, floors)
-    print("the shortcuts' scores (the best without each task's primitive; a mark must beat them): " + ", ".join(
-        f"{t} {'uniform, 0' if f is None else shown(f)}" for t, f in floors.items()))
+    seeds = a.seeds or (CONFIRM_SEEDS if a.confirm else None)
+    results = run(a.preset, out, seeds, a.jobs)
+    floor = floors(a.preset)
+    memory = {t: m for t in PRIMITIVE if (m := memory_steps(t, a.preset)) is not None}
+    extra = longer_runs(results, out, a.preset, seeds) if a.confirm else []
+    if extra:                                          # 4x the steps where a loss still falls
+        results.update(run(a.preset, out, seeds, a.jobs, todo=extra))
+    rows = table(results, a.preset, seeds, extra, floor, memory)
+    print("the shortcuts' scores (the best without each task's primitive; the marks read the share of its gap "
+          "closed): " + ", ".join(f"{t} {'uniform, 0' if f is None else shown(f)}" for t, f in floor.items()))
+    for t, steps in memory.items():
+        print(f"{t}: the window filters' KL (bits) by the observations they remember, k "
+              + ", ".join(f"{k}: {kl:.4f}" for k, kl in steps.items()))
     with open(os.path.join(out, "matrix.json"), "w") as f:
-        json.dump(dict(preset=a.preset, thresholds=dict(good=GOOD, partial=PARTIAL, shortcut_margin=SHORTCUT_MARGIN),
-                       floors=floors, primitive=PRIMITIVE, rows=rows), f, indent=1)
+        json.dump(dict(preset=a.preset, seeds=seeds, thresholds=dict(good=GOOD, partial=PARTIAL), floors=floor,
+                       memory_steps=memory, primitive=PRIMITIVE, rows=rows), f, indent=1)
     print("\n".join(lines(rows)))
     os.makedirs(a.figures, exist_ok=True)
-    path = plots.plot_primitives(rows, os.path.join(a.figures, "primitives" + ("-quick" if a.preset == "quick" else "")
-                                                    + ".png"), GOOD, PARTIAL, PRIMITIVE, floors,
-                                 {t: transformer_size(t, a.preset)[2] for t in PRIMITIVE})
-    curves = plots.plot_learning_curves(learning_curves(results, out, a.preset, a.seeds),
+    quick = "-quick" if a.preset == "quick" else ""
+    path = plots.plot_primitives(rows, os.path.join(a.figures, f"primitives{quick}.png"), GOOD, PARTIAL, PRIMITIVE,
+                                 floor, {t: transformer_size(t, a.preset)[2] for t in PRIMITIVE})
+    curves = plots.plot_learning_curves(learning_curves(results, out, a.preset, seeds),
                                         path.replace(".png", "-curves.png"))
-    print(f"{os.path.join(out, 'matrix.json')}; figures {path}, {curves}")
+    drawn = [plots.plot_memory(steps, [r for r in rows if r["task"] == t and "memory" in r],
+                               os.path.join(a.figures, f"memory-{t}{quick}.png"), t) for t, steps in memory.items()]
+    print(f"{os.path.join(out, 'matrix.json')}; figures {', '.join([path, curves, *drawn])}")
 
 
 if __name__ == "__main__":

@@ -75,10 +75,11 @@ SHORT = {
         f"python train.py --task hmm --preset quick {T} --no-baseline --no-geometry --seed 1 --out runs/hmm-b\n"
         "python -m harness.compare variants runs/hmm-a runs/hmm-b --out figures/variants.png",
     # the drivers of many runs (the quick presets: every family on every task, the depth cells)
-    "python -m primitives.matrix [--preset quick]": "python -m primitives.matrix --preset quick --confirm",
+    # (--confirm: three seeds of every cell and 4x runs, end to end on stand-in cells in tests/test_matrix.py)
+    "python -m primitives.matrix [--preset quick]": "python -m primitives.matrix --preset quick",
     "python -m primitives.matrix [--preset quick] [--seeds 0 1] [--jobs 2] [--confirm]":
-        "python -m primitives.matrix --preset quick --confirm",
-    "python -m primitives.matrix --confirm": "python -m primitives.matrix --preset quick --confirm",
+        "python -m primitives.matrix --preset quick",
+    "python -m primitives.matrix --confirm": "python -m primitives.matrix --preset quick",
     "python -m primitives.depth": f"python -m primitives.depth --preset quick --confirm --out {DEPTH}",
     "python -m primitives.depth --confirm": f"python -m primitives.depth --preset quick --confirm --out {DEPTH}",
     "python -m primitives.depth [--preset quick]": f"python -m primitives.depth --preset quick --confirm --out {DEPTH}",
