@@ -270,7 +270,7 @@ def plot_sweep(rows, path, sweep, shortcut=None):
     plt = _plt()
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.6))
     key = "pairs" if sweep == "capacity" else "filler"
-    x_of = lambda r: int(r["point"][len(key):])
+    x_of = lambda r: int("".join(ch for ch in r["point"] if ch.isdigit()))     # "pairs16", "fixed32"
     for c, fam in enumerate(dict.fromkeys(r["family"] for r in rows)):
         mine = sorted((r for r in rows if r["family"] == fam), key=x_of)
         ran = [r for r in mine if "sits_out" not in r and "failed" not in r]

@@ -285,7 +285,8 @@ def optimizer_wanted(cell, preset, run_dir):
 # distance (filler), each family at the transformer's recall parameter count (the transformer too, --params)
 
 CAPACITY_PAIRS = (4, 8, 16, 32, 64)
-FILLERS = (0, 8, 32, 128)                 # at the default 8 pairs
+FILLERS = (0, 8, 32, 128)                 # at the default 8 pairs, each at that fixed distance (--filler-fixed)
+FILLER_SEEDS = (0, 1, 2)                  # the filler sweep's seeds: three a point
 STAGES = ((500, 2), (1500, 4), (2500, 8), (3500, 16), (4500, 32))   # the pair curriculum: pairs before step
 FLAT = (0.01, 0.05)                       # flat: the last tenth of training moves the excess loss by less than
                                           # 0.01 bits, 5% of the tenth before or its noise (fixed before the sweeps)
@@ -303,10 +304,72 @@ def capacity_flags(pairs):
 def sweep_cells(sweep, seeds=(0,)):
     """The cells of a sweep ("capacity" or "filler"), every family, as the matrix's cells."""
     points = ([(f"pairs{p}", capacity_flags(p)) for p in CAPACITY_PAIRS] if sweep == "capacity" else
-              [(f"filler{f}", ["--filler", str(f)]) for f in FILLERS])
+              [(f"fixed{f}", ["--filler", str(f), "--filler-fixed"]) for f in FILLERS])
     return [dict(task="recall", family=family, layers=None, seed=seed, flags=flags, match_all=True, point=point,
                  name=f"recall-{family}-{point}-s{seed}")
             for point, flags in points for family in models.FAMILIES for seed in seeds]
+
+
+# the recurrent families' rate sweep (--sweep rates): every rate of RATES and each family's two
+# initialisations, on the tasks where a family's rate was never chosen on the task itself (or on a seed a
+# verdict uses), on RATE_SEED, which no verdict uses (the matrix's 0-2, the depth sweep's 2-4); per family
+# and task the pair with the lowest held-out KL is chosen (fixed before the sweep's runs)
+RATE_FAMILIES = ("lstm", "ssm")
+RATE_TASKS = ("recall", "hops", "transport", "hmm")
+RATES = (1e-3, 3e-3, 1e-2, 3e-2)          # the range the presets chose (1e-3 to 1e-2), one step past it
+RATE_SEED = 9
+
+
+def rate_cells(seed=RATE_SEED):
+    """The rate sweep's cells: each family of RATE_FAMILIES on each task of RATE_TASKS at every rate and both of
+    its initialisations (its module's INITS), at the task's default preset and the transformer's count."""
+    return [dict(task=task, family=family, layers=None, seed=seed, flags=["--lr", f"{lr:g}", "--init", init],
+                 match_all=True, point=f"lr{lr:g}-{init}", lr=lr, init=init,
+                 name=f"{task}-{family}-lr{lr:g}-{init}-s{seed}")
+            for task in RATE_TASKS for family in RATE_FAMILIES for init in models.module(family).INITS for lr in RATES]
+
+
+def rate_rows(results, cells_, out):
+    """The rate sweep's rows: dict(task, family, lr, init, kl, score, flat), or its sits_out/failed marker."""
+    rows = []
+    for c in cells_:
+        m = results.get(c["name"])
+        if m is None:
+            continue
+        row = dict(task=c["task"], family=c["family"], lr=c["lr"], init=c["init"])
+        if "sits_out" in m or "failed" in m:
+            rows.append({**row, **m})
+            continue
+        rows.append({**row, "kl": m["kl_bits"], "score": score(m),
+                     "flat": flat(os.path.join(out, c["name"], "log.csv"))})
+    return rows
+
+
+def choose_rates(rows):
+    """{(family, task): the row with the lowest KL, with "edge": whether its rate is the grid's smallest or
+    largest (a better one may lie past it)}, over the rows that finished."""
+    best = {}
+    for r in rows:
+        if "kl" not in r:
+            continue
+        key = (r["family"], r["task"])
+        if key not in best or r["kl"] < best[key]["kl"]:
+            best[key] = r
+    return {k: {**r, "edge": r["lr"] in (min(RATES), max(RATES))} for k, r in best.items()}
+
+
+def rate_lines(rows, chosen):
+    out = [f"{'task':<10}{'family':<8}{'init':<9}{'lr':>8}{'KL (bits)':>11}{'score':>8}  flat"]
+    for r in rows:
+        head = f"{r['task']:<10}{r['family']:<8}{r['init']:<9}{r['lr']:>8g}"
+        if "kl" not in r:
+            out.append(f"{head}  {'sits out' if 'sits_out' in r else 'failed'}: {r.get('sits_out') or r.get('failed')}")
+            continue
+        c = chosen.get((r["family"], r["task"]), {})
+        pick = ("  <- chosen" + (" (the grid's edge)" if c["edge"] else "")
+                if (c.get("lr"), c.get("init")) == (r["lr"], r["init"]) else "")
+        out.append(f"{head}{r['kl']:>11.4g}{r['score']:>8.3f}  {'yes' if r['flat'] else 'no'}{pick}")
+    return out
 
 
 def flat(log_csv):
@@ -597,14 +660,30 @@ def main(argv_=None):
     p.add_argument("--figures", default="figures", help="where primitives.png goes (default figures)")
     p.add_argument("--confirm", action="store_true", help="every cell alike: three seeds (0, 1, 2), and a run of 4x "
                    "the steps for every cell whose loss still falls at the end of any seed's run")
-    p.add_argument("--sweep", choices=("capacity", "filler"), help="instead of the matrix: the recall sweep over the "
-                   "stored pairs (4 to 64) or the filler (0 to 128), every family at the transformer's count")
+    p.add_argument("--sweep", choices=("capacity", "filler", "rates"), help="instead of the matrix: the recall sweep "
+                   "over the stored pairs (4 to 64) or the filler (0 to 128), every family at the transformer's count; "
+                   "or the recurrent families' rate sweep (rates: 4 rates x 2 initialisations on recall, hops, "
+                   "transport and the HMM, seed 9)")
     a = p.parse_args(argv_)
     if a.jobs < 1:
         p.error(f"--jobs {a.jobs}: allowed are 1 or more")
+    if a.sweep == "rates":
+        if a.seeds and len(a.seeds) != 1:
+            p.error(f"--seeds {' '.join(map(str, a.seeds))}: --sweep rates takes one seed (default {RATE_SEED}, which no "
+                    f"verdict uses)")
+        out = a.out or os.path.join("runs", "sweep-rates")
+        todo = rate_cells(*(a.seeds or ()))
+        rows = rate_rows(run("default", out, jobs=a.jobs, todo=todo), todo, out)
+        chosen = choose_rates(rows)
+        with open(os.path.join(out, "sweep-rates.json"), "w") as f:
+            json.dump(dict(rates=RATES, seed=todo[0]["seed"], rows=rows,
+                           chosen=[dict(family=k[0], task=k[1], lr=r["lr"], init=r["init"], kl=r["kl"], edge=r["edge"])
+                                   for k, r in chosen.items()]), f, indent=1)
+        print("\n".join(rate_lines(rows, chosen)))
+        return
     if a.sweep:
         out = a.out or os.path.join("runs", f"sweep-{a.sweep}")
-        todo = sweep_cells(a.sweep, tuple(a.seeds or (0,)))
+        todo = sweep_cells(a.sweep, tuple(a.seeds or (FILLER_SEEDS if a.sweep == "filler" else (0,))))
         rows = sweep_table(run("default", out, jobs=a.jobs, todo=todo), todo, out)
         shortcut = sweep_shortcuts(todo)
         with open(os.path.join(out, f"sweep-{a.sweep}.json"), "w") as f:

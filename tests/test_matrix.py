@@ -157,8 +157,10 @@ def test_the_capacity_points_and_the_sweep_cells():
     t = next(c for c in cells if c["name"] == "recall-transformer-pairs16-s0")
     a = matrix.argv(t, "default", "/nonexistent/x", (109_600, 64))
     assert a[a.index("--params") + 1] == "109600" and a[a.index("--pairs") + 1] == "16"   # the transformer matched too
-    assert [c["point"] for c in matrix.sweep_cells("filler")][::len(models.FAMILIES)] == ["filler0", "filler8",
-                                                                                          "filler32", "filler128"]
+    assert [c["point"] for c in matrix.sweep_cells("filler")][::len(models.FAMILIES)] == ["fixed0", "fixed8",
+                                                                                          "fixed32", "fixed128"]
+    assert matrix.sweep_cells("filler")[-1]["flags"] == ["--filler", "128", "--filler-fixed"]
+    assert matrix.FILLER_SEEDS == (0, 1, 2)          # three seeds a point: the distance claim's
 
 
 def test_a_run_is_flat_when_its_last_tenth_neither_falls_nor_rises(tmp_path):
@@ -477,3 +479,30 @@ def test_the_command_reads_every_mark_against_its_tasks_shortcut(tmp_path, monke
     rows = {(r["task"], r["family"]): r for r in saved["rows"]}
     assert saved["seeds"] == [0, 1, 2] and len(rows["bijection", "mlp"]["score"]) == 3
     assert [k for k, r in rows.items() if "score_4x" in r] == [("hmm", "lstm")]
+
+
+def test_the_rate_sweep_cells_and_its_choice_by_hand(tmp_path):
+    """64 cells: recall, hops, transport and the HMM x the LSTM and the SSM x each one's two initialisations x 4
+    rates, on seed 9 (none of the matrix's seeds, nor the depth sweep's 2-4), each at the transformer's count
+    with its rate and initialisation on the command line. The choice: the lowest KL per family and task (not
+    the highest score of another task, not the first row), flagged where it sits at the grid's edge."""
+    from primitives import depth_sweep
+    todo = matrix.rate_cells()
+    assert len(todo) == 64 and len({c["name"] for c in todo}) == 64
+    assert {c["seed"] for c in todo} == {9} and 9 not in matrix.CONFIRM_SEEDS + depth_sweep.PRESETS["default"]["seeds"]
+    assert {(c["family"], c["init"]) for c in todo} == {("lstm", "fan-in"), ("lstm", "uniform"), ("ssm", "fan-in"),
+                                                         ("ssm", "gpt2")}
+    assert 1e-3 in matrix.RATES and len(matrix.RATES) >= 4
+    a = matrix.argv(todo[0], "default", str(tmp_path / "x"), (109_600, 64))
+    assert a[a.index("--lr") + 1] == "0.001" and a[a.index("--init") + 1] == "fan-in" and "--params" in a
+    row = lambda task, lr, kl: dict(task=task, family="lstm", lr=lr, init="fan-in", kl=kl, score=0.0, flat=True)
+    rows = [row("recall", 1e-3, 2.03), row("recall", 3e-3, 1.5), row("recall", 1e-2, 2.06),
+            row("hops", 1e-3, 0.9), row("hops", 3e-3, 1.2), dict(task="hops", family="lstm", lr=1e-2, init="uniform",
+                                                                  failed="exit code 1")]
+    chosen = matrix.choose_rates(rows)
+    assert chosen["lstm", "recall"]["lr"] == 3e-3 and not chosen["lstm", "recall"]["edge"]
+    assert chosen["lstm", "hops"]["lr"] == 1e-3 and chosen["lstm", "hops"]["edge"]
+    text = matrix.rate_lines(rows, chosen)
+    assert text[2].endswith("<- chosen") and text[4].endswith("<- chosen (the grid's edge)") and "failed" in text[6]
+    with pytest.raises(SystemExit):
+        matrix.main(["--sweep", "rates", "--seeds", "0", "1"])

@@ -138,3 +138,17 @@ def test_a_pair_curriculum_stores_fewer_pairs_first_at_the_same_length():
     import train
     with pytest.raises(SystemExit):
         train.parse_args(["--task", "recall", "--recall-curriculum", "9:100"])      # more pairs than stored
+
+
+def test_a_fixed_filler_puts_every_query_at_one_distance():
+    """--filler-fixed: the run before the queries is always the longest (8), nothing else drawn differs (the
+    same keys, values and queries as the drawn filler's batch, each shifted to its place)."""
+    s = tasks.settings("recall")
+    drawn = recall.sample(np.random.default_rng(1), 300, s)
+    fixed = recall.sample(np.random.default_rng(1), 300, dict(s, filler_fixed=True))
+    P = s["pairs"]
+    pos, valid = evaluation.answers(fixed)
+    assert valid.all() and set(pos[:, 0] - 4 * P - 1) == {s["filler"]}
+    assert np.array_equal(fixed["tokens"][:, :4 * P], drawn["tokens"][:, :4 * P])
+    pos_d, _ = evaluation.answers(drawn)
+    assert np.array_equal(np.take_along_axis(fixed["tokens"], pos, 1), np.take_along_axis(drawn["tokens"], pos_d, 1))

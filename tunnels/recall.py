@@ -3,7 +3,8 @@
 A fresh random map f of n_keys keys into n_values values per sequence: every f(k) is drawn independently and
 uniformly, so nothing but a stored pair says anything about a key's value. The sequence stores `pairs` of
 them, then a run of filler tokens whose length is drawn per sequence (0 to `filler`, so the queries sit at
-different positions in different rows), then `queries` queries, then the filler left over (T is fixed):
+different positions in different rows; with --filler-fixed always `filler`, so every query sits at one
+distance from the pairs), then `queries` queries, then the filler left over (T is fixed):
     STORE k_1 SEP v_1 ... STORE k_P SEP v_P  FILL^m  QUERY q_1 ... QUERY q_Q  FILL^(filler - m)
 At each queried key q_j the model predicts f(q_j). A query asks for a key that was not stored with
 probability p_unstored, no key twice. Exact posterior: one-hot on f(q) for a stored key; for a key not
@@ -27,7 +28,7 @@ import numpy as np
 from tunnels import windtunnels as wt
 
 SETTINGS = {"pairs": 8, "n_keys": 32, "n_values": 32, "filler": 8, "queries": 4, "p_unstored": 0.5,
-            "layout": "store", "pair_curriculum": ""}
+            "layout": "store", "pair_curriculum": "", "filler_fixed": False}
 LAYOUTS = ("store", "pilot")
 TINY = {"train": {"pairs": 2, "n_keys": 5, "n_values": 4, "filler": 2, "queries": 2},     # 14 positions
         "grad": {"pairs": 2, "n_keys": 5, "n_values": 4, "filler": 2, "queries": 2}}
@@ -88,6 +89,9 @@ FLAGS = {"--pairs": dict(setting="pairs", type=int, check=check_pairs,
          "--filler": dict(setting="filler", type=int, check=check_filler,
                           help="recall: the longest run of filler between the pairs and the queries, drawn per "
                                "sequence from 0 to it (default 8)"),
+         "--filler-fixed": dict(setting="filler_fixed", type=bool, check=lambda v, s: None,
+                                help="recall: every sequence's filler run before the queries is the longest, --filler "
+                                     "(a fixed distance; default: drawn from 0 to it)"),
          "--queries": dict(setting="queries", type=int, check=check_queries,
                            help="recall: queries per sequence, no key twice (default 4)"),
          "--unstored": dict(setting="p_unstored", type=float, check=check_p,
@@ -181,7 +185,8 @@ def posterior(stored_keys, stored_values, query, n_values):
     return p
 
 
-def batch(rng, n, pairs=8, n_keys=32, n_values=32, filler=8, queries=4, p_unstored=0.5, layout="store"):
+def batch(rng, n, pairs=8, n_keys=32, n_values=32, filler=8, queries=4, p_unstored=0.5, layout="store",
+          filler_fixed=False):
     """n sequences of the recall task (module docstring) -> a batch with groups "stored" and "not stored".
     The pilot's keys are drawn with replacement, so its distinct stored keys may be fewer than the queries
     asking for stored ones: a query whose pool (stored or not) is empty takes the other pool."""
@@ -194,6 +199,8 @@ def batch(rng, n, pairs=8, n_keys=32, n_values=32, filler=8, queries=4, p_unstor
         keys = rng.integers(0, n_keys, size=(n, pairs))                       # (n, P) with replacement
     values = np.take_along_axis(f, keys, axis=1)                              # (n, P)
     m = rng.integers(0, filler + 1, size=n)                                   # (n,) filler before the queries
+    if filler_fixed:                                                          # (drawn all the same: the other
+        m[:] = filler                                                         # draws stay as they were)
     unstored = rng.random((n, queries)) < p_unstored                          # (n, Q) which pool each query asks
     order = rng.random((n, n_keys))                                           # (n, K) a random order of the keys
     tokens = np.full((n, T), FILL, dtype=np.int64)
