@@ -368,3 +368,55 @@ def plot_free(ex, task, path):
     fig.tight_layout()
     return _save(fig, path)
 
+
+
+def plot_depth_sweep(summary, path):
+    """The depth sweep (primitives/depth_sweep.py's summary): for each depth (a colour) and seed (a marker), the
+    chosen direct run's two readings by h: the lookup's accuracy on the answers whose posterior is one-hot
+    (chance 1 / symbols dashed), and the elimination's KL on the uncertain ones, beside the lookup-only
+    predictor's KL there (no elimination, dotted) and one elimination step a hop's (dash-dot); each seed its
+    own line, so a seed that learned nothing shows."""
+    plt = _plt()
+    g, readings = summary["grid"], summary["readings"]
+    seeds, markers = list(g["seeds"]), "osD^v<>"
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.4))
+    floors = {}
+    for i, L in enumerate(g["depths"]):
+        for k, seed in enumerate(seeds):
+            name = summary["chosen"].get(f"L{L}-direct-s{seed}")
+            r = readings.get(name) if name else None
+            if not r:
+                continue
+            hs = sorted(int(h) for h in r)
+            acc = [r[str(h)]["lookup"]["accuracy"] for h in hs]
+            kl = [r[str(h)]["elimination"]["kl_bits"] for h in hs]
+            style = dict(color=f"C{i}", marker=markers[k % len(markers)], ms=5, lw=1.2, alpha=0.85)
+            a1.plot(hs, [np.nan if v is None else v for v in acc], label=row_label("transformer", L).split(", ")[1]
+                    if k == 0 else None, **style)
+            a2.plot(hs, [np.nan if v is None else v for v in kl], **style)
+            for h in hs:
+                for pred in ("follow_shown", "eliminate_each_hop"):
+                    v = r[str(h)][pred]["elimination_kl_bits"]
+                    if v is not None:
+                        floors.setdefault((pred, h), []).append(v)
+    V = summary.get("n_symbols")
+    if V:
+        a1.axhline(1 / V, color="gray", ls="--", lw=1, label=f"chance (1/{V})")
+    a1.axhline(summary.get("does", 0.9), color="black", ls=":", lw=1, label="does h hops")
+    for pred, ls, label in (("follow_shown", ":", "lookup only"), ("eliminate_each_hop", "-.", "one elimination a hop")):
+        hs = sorted(h for p, h in floors if p == pred)
+        if hs:
+            a2.plot(hs, [np.mean(floors[pred, h]) for h in hs], color="black", ls=ls, lw=1.5, label=label)
+    for ax in (a1, a2):
+        ax.set_xticks(range(1, g["max_hops"] + 1))
+        ax.set_xlabel("hops h")
+        ax.grid(alpha=0.3)
+    a1.set_ylim(-0.02, 1.02)
+    a1.set_ylabel("lookup: accuracy on one-hot answers")
+    a2.set_ylabel("elimination: KL on uncertain answers (bits)")
+    a1.set_title("the lookup (a marker per seed)", fontsize=10)
+    a2.set_title("the elimination, beside two predictors", fontsize=10)
+    a1.legend(frameon=False, fontsize=7, loc="lower left")
+    a2.legend(frameon=False, fontsize=7, loc="center right")
+    fig.tight_layout()
+    return _save(fig, path)

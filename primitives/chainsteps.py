@@ -1,6 +1,11 @@
 """chainsteps: does a chain of thought move in short, confident steps? The geometric claim, measured.
 
     python -m primitives.chainsteps [--runs runs/depth] [--layers 4] [--seeds 0 1] [--seqs 500]
+    python -m primitives.chainsteps --sweep runs/depth-sweep [--layers L] [--seeds ...]
+
+With --sweep, the depth sweep's (primitives/depth_sweep.py) chosen direct and chain-of-thought runs of each
+depth and seed, at each depth the sweep calls short (default) or --layers; the h the direct run fails are
+those past its lookup reach (depth_rules.lookup_reach), not the older score's.
 
 The papers say chain of thought extends a network's depth by letting it move in short, confident steps
 along its entropy-ordered representation, instead of one long jump through low-confidence territory,
@@ -302,6 +307,31 @@ def direct_fails(metrics):
     return [h for h in sorted(g) if h >= 2 and depth.group_score(g[h]) < matrix.GOOD]
 
 
+def sweep_runs(sweep_dir, layers, seeds):
+    """The depth sweep's chosen runs at `layers` for each seed: [(seed, direct run dir, cot run dir, fails)],
+    fails the h >= 2 past the direct run's lookup reach; a seed the sweep chose no pair for is left out (and
+    said). ValueError in one line if the directory holds no depth-sweep.json."""
+    from primitives import depth_rules, depth_sweep
+    path = os.path.join(sweep_dir, "depth-sweep.json")
+    if not os.path.exists(path):
+        raise ValueError(f"--sweep {sweep_dir}: no depth-sweep.json there (run python -m primitives.depth_sweep "
+                         f"--out {sweep_dir} first)")
+    with open(path) as f:
+        summary = json.load(f)
+    out = []
+    for s in seeds:
+        names = [summary["chosen"].get(f"L{layers}-{mode}-s{s}") for mode in ("direct", "cot")]
+        if None in names:
+            print(f"seed {s}: the sweep chose no {'direct' if names[0] is None else 'chain-of-thought'} run at "
+                  f"{layers} layers; left out")
+            continue
+        with open(os.path.join(sweep_dir, names[0], "metrics.json")) as f:
+            reach = depth_rules.lookup_reach(depth_sweep.accuracies(json.load(f), False))
+        fails = [h for h in range(2, summary["grid"]["max_hops"] + 1) if h > reach]
+        out.append((s, *(os.path.join(sweep_dir, n) for n in names), fails))
+    return out, summary
+
+
 def shown(x, f=".3f"):
     return "n/a" if x is None else format(x, f)
 
@@ -309,27 +339,54 @@ def shown(x, f=".3f"):
 def main(argv_=None):
     p = argparse.ArgumentParser(prog="python -m primitives.chainsteps", description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", default=os.path.join("runs", "depth"), help="primitives/depth.py's cells (default runs/depth)")
-    p.add_argument("--layers", type=int, default=LAYERS)
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    p.add_argument("--sweep", default=None, help="the depth sweep's directory instead: its chosen runs")
+    p.add_argument("--layers", type=int, default=None, help=f"the depth judged (default {LAYERS}; with --sweep, each "
+                   "depth the sweep calls short)")
+    p.add_argument("--seeds", type=int, nargs="+", default=None, help="default 0 1 (with --sweep, the sweep's)")
     p.add_argument("--seqs", type=int, default=500, help="held-out sequences (default 500)")
     a = p.parse_args(argv_)
     if a.seqs < 4:
         p.error(f"--seqs {a.seqs}: allowed are 4 or more")
+    if a.sweep is None:
+        judge(a.runs, a.layers or LAYERS, a.seeds or [0, 1], a.seqs)
+        return
+    try:
+        _, summary = sweep_runs(a.sweep, 0, [])
+    except ValueError as e:
+        p.error(str(e))
+    from primitives import depth_rules
+    g = summary["grid"]
+    for L in [a.layers] if a.layers else depth_rules.short_depths(g["depths"], g["max_hops"]):
+        judge(a.sweep, L, a.seeds or list(g["seeds"]), a.seqs, sweep=True)
+
+
+def judge(runs, layers, seeds, seqs, sweep=False):
+    """Measure each seed's pair of runs at `layers` (primitives/depth.py's cells in runs, or the depth sweep's
+    chosen ones), print them and the verdict, write runs/chainsteps-L<layers>.json."""
     per_seed, out, runs_out = [], {}, []
-    for s in a.seeds:
-        run = lambda mode: os.path.join(a.runs, f"hops-transformer-L{a.layers}-{mode}-s{s}")
-        paths = [os.path.join(run(m), "checkpoint.npz") for m in ("direct", "cot")]
-        missing = [q for q in paths + [os.path.join(run("direct"), "metrics.json")] if not os.path.exists(q)]
+    pairs = sweep_runs(runs, layers, seeds)[0] if sweep else []
+    for s in seeds:
+        if sweep:
+            found = [x for x in pairs if x[0] == s]
+            if not found:
+                continue
+            _, d_dir, c_dir, fails = found[0]
+        else:
+            d_dir, c_dir = (os.path.join(runs, f"hops-transformer-L{layers}-{m}-s{s}") for m in ("direct", "cot"))
+        paths = [os.path.join(d_dir, "checkpoint.npz"), os.path.join(c_dir, "checkpoint.npz")]
+        missing = [q for q in paths + [os.path.join(d_dir, "metrics.json")] if not os.path.exists(q)]
         if missing:
-            print(f"seed {s}: {missing[0]} is missing (run python -m primitives.depth first); left out")
+            print(f"seed {s}: {missing[0]} is missing (run python -m primitives.{'depth_sweep' if sweep else 'depth'} "
+                  f"first); left out")
             continue
-        with open(os.path.join(run("direct"), "metrics.json")) as f:
-            fails = direct_fails(json.load(f))
+        if not sweep:
+            with open(os.path.join(d_dir, "metrics.json")) as f:
+                fails = direct_fails(json.load(f))
         runs_out.append(bool(fails))
         if not fails:
-            print(f"seed {s}: the direct run fails no h at {a.layers} layers")
+            print(f"seed {s}: the direct run fails no h at {layers} layers")
             continue
-        stats = measure(*paths, fails, n=a.seqs)
+        stats = measure(*paths, fails, n=seqs)
         per_seed.append(stats)
         out[f"seed {s}"] = stats
         c, d = stats["cot"], stats["direct"]
@@ -340,10 +397,10 @@ def main(argv_=None):
               f"R^2 {shown(c['readout_r2'])} / {shown(d['readout_r2'])}, change per step {shown(c['readout_step_bits'])} "
               f"bits, per jump {shown(d['readout_jump_bits'])}")
     v, why = verdict(per_seed, runs_out=all(runs_out) if runs_out else True)
-    print(f"claim: short, confident steps ({a.layers} layers): {v} ({why})")
-    out.update(verdict=v, why=why, layers=a.layers, margin_floor=MARGIN, bootstrap=BOOTSTRAP,
+    print(f"claim: short, confident steps ({layers} layers): {v} ({why})")
+    out.update(verdict=v, why=why, layers=layers, margin_floor=MARGIN, bootstrap=BOOTSTRAP,
                confident_share=CONFIDENT_SHARE, confident_gap=CONFIDENT_GAP)
-    write_json(os.path.join(a.runs, f"chainsteps-L{a.layers}.json"), out)
+    write_json(os.path.join(runs, f"chainsteps-L{layers}.json"), out)
 
 
 if __name__ == "__main__":

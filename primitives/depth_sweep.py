@@ -35,7 +35,9 @@ import json  # noqa: E402
 import math  # noqa: E402
 
 from harness.checkpoints import write_json  # noqa: E402
+from harness import plots  # noqa: E402
 from primitives import construction, depth, depth_rules, matrix  # noqa: E402
+from tunnels import hops  # noqa: E402
 
 # the grid, fixed before its runs: max_hops 4 so that the predicted depths are small (2 layers for one hop,
 # 3 for two and three, 4 for four) and two depths are short (2 and 3);
@@ -159,7 +161,7 @@ def hallucinated(best, direct, g):
     return out
 
 
-def run(preset="default", out=None, jobs=2, runner=matrix.run):
+def run(preset="default", out=None, jobs=2, runner=matrix.run, figures="figures"):
     """The whole sweep (module docstring); -> its summary, written to out/depth-sweep.json."""
     g = PRESETS[preset]
     out = out or os.path.join("runs", "depth-sweep" + ("-quick" if preset == "quick" else ""))
@@ -187,10 +189,14 @@ def run(preset="default", out=None, jobs=2, runner=matrix.run):
     claims["without hallucinating"] = (depth.without_hallucinating(hallucinated(best, direct, g), claims["extends"][0]),
                                        "depth.without_hallucinating on the chain's free answers past the direct reach")
     summary = dict(preset=preset, grid=g, queries=queries(g["max_hops"]), direct=direct, cot=cot,
+                   n_symbols=hops.SETTINGS["n_symbols"], does=depth_rules.DOES,
                    optimisation=optimisation, claims={k: dict(verdict=v, why=w) for k, (v, w) in claims.items()},
                    chosen={f"L{k[0]}-{'cot' if k[1] else 'direct'}-s{k[2]}": v[1] for k, v in best.items()},
                    readings={name: m.get("readings") for name, m in results.items() if isinstance(m, dict)})
     write_json(os.path.join(out, "depth-sweep.json"), summary)
+    os.makedirs(figures, exist_ok=True)
+    drawn = plots.plot_depth_sweep(summary, os.path.join(figures, "depth-sweep" + ("-quick" if preset == "quick"
+                                                                                   else "") + ".png"))
     print(f"lookup reach by depth, seed by seed ({', '.join(map(str, g['seeds']))}): direct "
           + "; ".join(f"{L} layers {r}" for L, r in direct.items())
           + " | chain of thought " + ("; ".join(f"{L} layers {r}" for L, r in cot.items()) or "none"))
@@ -199,6 +205,8 @@ def run(preset="default", out=None, jobs=2, runner=matrix.run):
               + ", ".join(f"{L} layers seed {s}" for L, s in optimisation))
     for claim, (verdict, why) in claims.items():
         print(f"{claim}: {verdict} ({why})")
+    print(f"{os.path.join(out, 'depth-sweep.json')}; figure {drawn}; the geometric claim: python -m primitives.chainsteps "
+          f"--sweep {out}")
     return summary
 
 
@@ -207,10 +215,11 @@ def main(argv=None):
     p.add_argument("--preset", choices=tuple(PRESETS), default="default")
     p.add_argument("--out", default=None, help="the cells' directory (default runs/depth-sweep[-quick])")
     p.add_argument("--jobs", type=int, default=2, help="cells at a time (default 2, one per core)")
+    p.add_argument("--figures", default="figures", help="where depth-sweep.png goes (default figures)")
     a = p.parse_args(argv)
     if a.jobs < 1:
         p.error(f"--jobs {a.jobs}: allowed are 1 or more")
-    return run(a.preset, a.out, a.jobs)
+    return run(a.preset, a.out, a.jobs, figures=a.figures)
 
 
 if __name__ == "__main__":

@@ -59,12 +59,17 @@ def test_a_chain_of_thought_is_read_from_its_free_running_answers():
 def test_the_quick_sweep_runs_end_to_end(tmp_path):
     """Every cell through train.py (direct with two queries, the chain of thought at the short depth, the
     grown run), the summary written with both claims judged by depth_rules."""
-    summary = ds.run("quick", str(tmp_path / "sweep"), jobs=2)
+    summary = ds.run("quick", str(tmp_path / "sweep"), jobs=2, figures=str(tmp_path / "figures"))
     written = json.loads((tmp_path / "sweep" / "depth-sweep.json").read_text())
     assert written["queries"] == 2 and set(written["claims"]) == {"runs out", "extends", "without hallucinating"}
     assert all(v["verdict"] in (dr.SUPPORTED, dr.NOT_SUPPORTED, dr.UNDECIDED) for v in written["claims"].values())
     assert os.path.isdir(tmp_path / "sweep" / "L2-grown-from-L1-direct-lr0.003-fan-in-s0")
     assert summary["direct"] and summary["cot"]
+    assert os.path.exists(tmp_path / "figures" / "depth-sweep-quick.png")
+    from primitives import chainsteps
+    chainsteps.main(["--sweep", str(tmp_path / "sweep"), "--seqs", "40"])     # the geometric claim on its runs
+    judged = json.loads((tmp_path / "sweep" / "chainsteps-L2.json").read_text())
+    assert judged["layers"] == 2 and judged["verdict"] in (dr.SUPPORTED, dr.NOT_SUPPORTED, dr.UNDECIDED)
 
 
 def test_claim_three_reads_the_chains_free_answers_past_the_direct_reach():
@@ -78,3 +83,35 @@ def test_claim_three_reads_the_chains_free_answers_past_the_direct_reach():
     best = {(2, True, 2): (None, "x", free(0.0, 0.02)), (2, True, 3): (None, "y", free(0.0, 0.0))}
     counts = ds.hallucinated(best, {2: [1, 1]}, g)
     assert [tuple(round(v, 9) for v in c) for c in counts] == [(1.0, 2.0, 100.0), (0.0, 0.0, 100.0)]
+
+
+def write_run(path, accuracies, readings=None):
+    os.makedirs(path, exist_ok=True)
+    groups = {f"h={h}": {"accuracy": a} for h, a in enumerate(accuracies, 1)}
+    with open(os.path.join(path, "metrics.json"), "w") as f:
+        json.dump({"groups": groups, "readings": readings or {}}, f)
+
+
+def test_the_geometric_claim_reads_the_sweeps_chosen_runs(tmp_path):
+    """chainsteps --sweep: at 2 layers, seed 2's chosen direct run does one hop (lookup accuracy 0.97, then 0.4
+    and 0.1): it fails h = 2 and 3 (past its reach, whatever the older score says); seed 3 has no chosen chain
+    and is left out; a directory without depth-sweep.json is one line."""
+    from primitives import chainsteps
+    write_run(tmp_path / "d2", [0.97, 0.4, 0.1])
+    summary = dict(grid=dict(depths=[1, 2, 3], seeds=[2, 3], max_hops=3),
+                   chosen={"L2-direct-s2": "d2", "L2-cot-s2": "c2", "L2-direct-s3": "d2"})
+    (tmp_path / "depth-sweep.json").write_text(json.dumps(summary))
+    pairs, _ = chainsteps.sweep_runs(str(tmp_path), 2, [2, 3])
+    assert pairs == [(2, str(tmp_path / "d2"), str(tmp_path / "c2"), [2, 3])]
+    with pytest.raises(ValueError, match="no depth-sweep.json"):
+        chainsteps.sweep_runs(str(tmp_path / "nowhere"), 2, [2])
+
+
+def test_the_sweeps_figure_draws_every_seed(tmp_path):
+    from harness import plots
+    entry = lambda acc, kl: {"lookup": {"accuracy": acc}, "elimination": {"kl_bits": kl},
+                             "follow_shown": {"elimination_kl_bits": 2.5}, "eliminate_each_hop": {"elimination_kl_bits": 0.1}}
+    readings = {"a": {"1": entry(1.0, 0.2), "2": entry(0.3, 1.0)}, "b": {"1": entry(0.06, 2.4), "2": entry(None, 2.5)}}
+    summary = dict(grid=dict(depths=[2, 3], seeds=[2, 3], max_hops=2), readings=readings, n_symbols=16, does=0.9,
+                   chosen={"L2-direct-s2": "a", "L2-direct-s3": "b", "L3-direct-s2": "a"})
+    assert os.path.exists(plots.plot_depth_sweep(summary, str(tmp_path / "s.png")))
