@@ -14,25 +14,23 @@ label of a run is its model's name unless --labels gives them.
 if not __package__:                 # run as a file, its folder-qualified imports cannot resolve
     raise SystemExit("harness/compare.py: run it as python -m harness.compare, from the repository's folder")
 
-import argparse
 import json
 import os
-import sys
 
-from harness import plots
+from harness import drivers, plots
 from tunnels import tasks
 
 
 def load(path):
-    """A run directory or a metrics file -> its metrics; ValueError in one line if neither."""
+    """A run directory or a metrics file -> its metrics (drivers.read_metrics); ValueError in one line if
+    neither, or if it lacks the answers by index a figure reads."""
     file = os.path.join(path, "metrics.json") if os.path.isdir(path) else path
-    try:
-        with open(file) as f:
-            return json.load(f)
-    except OSError as e:
-        raise ValueError(f"{path!r}: no metrics.json to read ({e.strerror})") from None
-    except json.JSONDecodeError:
-        raise ValueError(f"{file!r} is not a metrics.json") from None
+    m, problem = drivers.read_metrics_file(file)
+    if m is None:
+        raise ValueError(problem or f"{path!r}: no metrics.json to read")
+    if "per_position" not in m:
+        raise ValueError(f"{file} has no answers by index (per_position): a run's metrics.json from train.py has them")
+    return m
 
 
 def labelled(paths, labels=None):
@@ -52,13 +50,13 @@ def labelled(paths, labels=None):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m harness.compare", description=__doc__.split("\n\n")[0])
-    p.error = lambda msg: (print(f"python -m harness.compare: error: {msg}", file=sys.stderr), sys.exit(2))
+    p = drivers.parser("python -m harness.compare", __doc__.split("\n\n")[0])
     p.add_argument("figure", choices=("calibration", "variants"))
     p.add_argument("runs", nargs="+")
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", required=True, help="the figure's file (.png, .pdf, .svg, ...)")
     p.add_argument("--labels", nargs="+")
     a = p.parse_args(argv)
+    drivers.check(p, drivers.figure_file(a.out, "--out"))
     try:
         results = labelled(a.runs, a.labels)
     except ValueError as e:

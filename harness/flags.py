@@ -311,7 +311,8 @@ def fill_defaults(table, args, preset, where):
 
 def check_value(row, args, related=True):
     """One line and exit 2 if the flag's value is not allowed. A task's setting sees the run's --steps only
-    where the user typed it (related): a preset's curriculum outlasting a short --steps is the preset's."""
+    where the user typed it (related; its check sees "typed"): a preset's curriculum outlasting a short --steps,
+    or asking more hops than a typed --max-hops, is the preset's (its stages are clipped)."""
     value = getattr(args, row["dest"])
     if value is None or row["type"] is bool:
         return
@@ -320,7 +321,8 @@ def check_value(row, args, related=True):
         fail(f"{row['flag']} {shown}: allowed are {', '.join(row['choices'](args))}")
     checks = [row["check"]] if "check" in row else [c for t, c in row.get("checks", {}).items() if t == args.task]
     for check in checks:
-        problem = check(value, {**vars(args), "steps": args.steps if related else None}) if row.get("setting") \
+        problem = check(value, {**vars(args), "steps": args.steps if related else None, "typed": related}) \
+            if row.get("setting") \
             else check(value, args)
         if problem:
             fail(f"{row['flag']} {shown}: {problem}")

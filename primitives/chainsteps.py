@@ -71,8 +71,6 @@ import os
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # see layers.py: BLAS threads fight Numba's
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
-import argparse  # noqa: E402
-import json  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -81,6 +79,7 @@ from primitives import matrix  # noqa: E402
 from geometry import measures as ms  # noqa: E402
 import models  # noqa: E402
 from tunnels import windtunnels as wt  # noqa: E402
+from harness import drivers  # noqa: E402
 from harness.checkpoints import load_checkpoint, write_json  # noqa: E402
 from evaluation import CONFIDENT  # noqa: E402
 from layers import softmax  # noqa: E402
@@ -312,12 +311,8 @@ def sweep_runs(sweep_dir, layers, seeds):
     fails the h >= 2 past the direct run's lookup reach; a seed the sweep chose no pair for is left out (and
     said). ValueError in one line if the directory holds no depth-sweep.json."""
     from primitives import depth_rules, depth_sweep
-    path = os.path.join(sweep_dir, "depth-sweep.json")
-    if not os.path.exists(path):
-        raise ValueError(f"--sweep {sweep_dir}: no depth-sweep.json there (run python -m primitives.depth_sweep "
-                         f"--out {sweep_dir} first)")
-    with open(path) as f:
-        summary = json.load(f)
+    summary = drivers.read_json(os.path.join(sweep_dir, "depth-sweep.json"), "depth sweep's summary (run python -m "
+                                f"primitives.depth_sweep --out {sweep_dir} first)", keys=("grid", "chosen"))
     out = []
     for s in seeds:
         names = [summary["chosen"].get(f"L{layers}-{mode}-s{s}") for mode in ("direct", "cot")]
@@ -325,8 +320,11 @@ def sweep_runs(sweep_dir, layers, seeds):
             print(f"seed {s}: the sweep chose no {'direct' if names[0] is None else 'chain-of-thought'} run at "
                   f"{layers} layers; left out")
             continue
-        with open(os.path.join(sweep_dir, names[0], "metrics.json")) as f:
-            reach = depth_rules.lookup_reach(depth_sweep.accuracies(json.load(f), False))
+        m, problem = drivers.read_metrics(os.path.join(sweep_dir, names[0]))
+        if m is None:
+            print(f"seed {s}: {problem or os.path.join(sweep_dir, names[0], 'metrics.json') + ' is missing'}; left out")
+            continue
+        reach = depth_rules.lookup_reach(depth_sweep.accuracies(m, False))
         fails = [h for h in range(2, summary["grid"]["max_hops"] + 1) if h > reach]
         out.append((s, *(os.path.join(sweep_dir, n) for n in names), fails))
     return out, summary
@@ -336,8 +334,15 @@ def shown(x, f=".3f"):
     return "n/a" if x is None else format(x, f)
 
 
+def memory_bytes(n, T, V, C):
+    """About what measuring n held-out sequences of length T holds at once (V symbols, width C): the batch's
+    posteriors and one-hots in float64, a few passes' final states and distributions (an estimate to refuse
+    what cannot fit before anything loads, not a measurement)."""
+    return n * T * (32 * V + 32 * C)
+
+
 def main(argv_=None):
-    p = argparse.ArgumentParser(prog="python -m primitives.chainsteps", description=__doc__.split("\n\n")[0])
+    p = drivers.parser("python -m primitives.chainsteps", __doc__.split("\n\n")[0])
     p.add_argument("--runs", default=os.path.join("runs", "depth"), help="primitives/depth.py's cells (default runs/depth)")
     p.add_argument("--sweep", default=None, help="the depth sweep's directory instead: its chosen runs")
     p.add_argument("--layers", type=int, default=None, help=f"the depth judged (default {LAYERS}; with --sweep, each "
@@ -345,19 +350,19 @@ def main(argv_=None):
     p.add_argument("--seeds", type=int, nargs="+", default=None, help="default 0 1 (with --sweep, the sweep's)")
     p.add_argument("--seqs", type=int, default=500, help="held-out sequences (default 500)")
     a = p.parse_args(argv_)
-    if a.seqs < 4:
-        p.error(f"--seqs {a.seqs}: allowed are 4 or more")
-    if a.sweep is None:
-        judge(a.runs, a.layers or LAYERS, a.seeds or [0, 1], a.seqs)
-        return
+    drivers.check(p, drivers.count(a.seqs, "--seqs", 4), drivers.count(a.layers, "--layers", 1), drivers.seeds(a.seeds),
+                  drivers.existing_directory(a.sweep, "--sweep") if a.sweep else drivers.existing_directory(a.runs, "--runs"))
     try:
+        if a.sweep is None:
+            judge(a.runs, a.layers or LAYERS, a.seeds or [0, 1], a.seqs)
+            return
         _, summary = sweep_runs(a.sweep, 0, [])
-    except ValueError as e:
+        from primitives import depth_rules
+        g = summary["grid"]
+        for L in [a.layers] if a.layers else depth_rules.short_depths(g["depths"], g["max_hops"]):
+            judge(a.sweep, L, a.seeds or list(g["seeds"]), a.seqs, sweep=True)
+    except (drivers.Refused, ValueError) as e:
         p.error(str(e))
-    from primitives import depth_rules
-    g = summary["grid"]
-    for L in [a.layers] if a.layers else depth_rules.short_depths(g["depths"], g["max_hops"]):
-        judge(a.sweep, L, a.seeds or list(g["seeds"]), a.seqs, sweep=True)
 
 
 def judge(runs, layers, seeds, seqs, sweep=False):
@@ -380,8 +385,15 @@ def judge(runs, layers, seeds, seqs, sweep=False):
                   f"first); left out")
             continue
         if not sweep:
-            with open(os.path.join(d_dir, "metrics.json")) as f:
-                fails = direct_fails(json.load(f))
+            m, problem = drivers.read_metrics(d_dir)
+            if m is None:
+                print(f"seed {s}: {problem}; left out")
+                continue
+            fails = direct_fails(m)
+        cfg = load_checkpoint(paths[1])[1]
+        problem = drivers.memory(memory_bytes(seqs, cfg.max_len, cfg.n_classes, cfg.d_model), f"--seqs {seqs}")
+        if problem:
+            raise drivers.Refused(problem)
         runs_out.append(bool(fails))
         if not fails:
             print(f"seed {s}: the direct run fails no h at {layers} layers")

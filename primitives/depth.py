@@ -60,13 +60,13 @@ import os
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # see layers.py: BLAS threads fight Numba's
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
-import argparse  # noqa: E402
-import json  # noqa: E402
 import math  # noqa: E402
 
 from primitives import matrix  # noqa: E402
 import models  # noqa: E402
-from harness import plots  # noqa: E402
+from harness import drivers, plots, runs  # noqa: E402
+from harness.checkpoints import write_json  # noqa: E402
+from tunnels import hops  # noqa: E402
 
 DEPTHS = (1, 2, 3, 4, 6)        # the transformer's depths, one width
 MAX_HOPS = 4                    # h drawn from 1 to this in every cell (the task's default)
@@ -378,8 +378,11 @@ def lines(rows, claims, max_hops):
     return out
 
 
+COMMAND = "python -m primitives.depth"
+
+
 def main(argv_=None):
-    p = argparse.ArgumentParser(prog="python -m primitives.depth", description=__doc__.split("\n\n")[0])
+    p = drivers.parser(COMMAND, __doc__.split("\n\n")[0])
     p.add_argument("--preset", choices=("quick", "default"), default="default")
     p.add_argument("--out", default=None, help="the cells' directory (default runs/depth[-quick])")
     p.add_argument("--seeds", type=int, nargs="+", default=None, help="default: the preset's (quick 0; default 0 1)")
@@ -388,26 +391,51 @@ def main(argv_=None):
     p.add_argument("--max-hops", type=int, default=None, help="default: the preset's (quick 2; default 4)")
     p.add_argument("--confirm", action="store_true", help="also the runs of 4x the steps the verdicts ask for "
                    "(X4_RULE: every seed, the claims judged again beside the verdicts)")
+    p.add_argument("--overwrite", action="store_true", help="where --out was made with other settings (another "
+                   "preset or --max-hops), remove what this command wrote there and start again")
     a = p.parse_args(argv_)
+    drivers.check(p, drivers.jobs(a.jobs), drivers.seeds(a.seeds), drivers.count(a.max_hops, "--max-hops", 1, hops.HOPS_TOP),
+                  drivers.directory(a.out, "--out"), drivers.directory(a.figures, "--figures"))
     quick = a.preset == "quick"
     a.max_hops = a.max_hops or (QUICK["max_hops"] if quick else MAX_HOPS)
-    seeds = tuple(a.seeds or (QUICK["seeds"] if quick else SEEDS))
     a.out = a.out or os.path.join("runs", "depth" + ("-quick" if quick else ""))
+    try:
+        drivers.take(a.out, COMMAND, dict(preset=a.preset, max_hops=a.max_hops), a.overwrite)
+    except drivers.Refused as e:
+        p.error(str(e))
+    try:
+        failed = drive(a)
+    except drivers.Refused as e:
+        p.error(str(e))
+    finally:
+        runs.release(a.out)
+    if failed:
+        print(f"{len(failed)} cell(s) failed, left out of the verdicts above: {', '.join(failed)} (their logs: "
+              f"{os.path.join(a.out, failed[0])}.log, ...; delete a cell's .failed marker to train it again)")
+        raise SystemExit(1)
+
+
+def drive(a):
+    """The cells, the verdicts and the figure, in a directory taken (main) -> the names of the cells that failed."""
+    quick = a.preset == "quick"
+    seeds = tuple(a.seeds or (QUICK["seeds"] if quick else SEEDS))
     todo = cells(seeds, a.max_hops, QUICK["depths"] if quick else DEPTHS)
     results = matrix.run(a.preset, a.out, jobs=a.jobs, todo=todo)
     rows, claims, shares = verdicts(results, todo, a.max_hops)
     x4_rows, claims_4x, shares_4x, x4_detail = (confirm(rows, results, todo, a.out, a.preset, a.max_hops, a.jobs)
                                                 if a.confirm else ([], {}, {}, []))
     detail = details(results, todo) + x4_detail
-    with open(os.path.join(a.out, "depth.json"), "w") as f:
-        json.dump(dict(max_hops=a.max_hops, good=matrix.GOOD, claims=claims, shares=shares, claims_4x=claims_4x,
-                       shares_4x=shares_4x, rows=rows + x4_rows, details=detail), f, indent=1)
+    drivers.note(a.out, summaries=["depth.json"])
+    write_json(os.path.join(a.out, "depth.json"), dict(max_hops=a.max_hops, good=matrix.GOOD, claims=claims, shares=shares,
+                                                       claims_4x=claims_4x, shares_4x=shares_4x, rows=rows + x4_rows,
+                                                       details=detail))
     print("\n".join(detail_lines(detail, a.max_hops)))
     print("\n".join(lines(rows + x4_rows, claims, a.max_hops)))
     print("\n".join(f"claim with the direct depths at 4x the steps (X4_RULE): {k}: {v}" for k, v in claims_4x.items()))
     os.makedirs(a.figures, exist_ok=True)
     print(plots.plot_layers(rows + x4_rows, os.path.join(a.figures, "layers" + ("-quick" if quick else "") + ".png"),
                             a.max_hops))
+    return sorted(name for name, m in results.items() if "failed" in m)
 
 
 if __name__ == "__main__":

@@ -30,13 +30,11 @@ import os
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # see layers.py: BLAS threads fight Numba's
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
-import argparse  # noqa: E402
-import json  # noqa: E402
 import math  # noqa: E402
 
 from harness.checkpoints import write_json  # noqa: E402
-from harness import plots  # noqa: E402
-from primitives import construction, depth, depth_rules, matrix  # noqa: E402
+from harness import drivers, plots, runs  # noqa: E402
+from primitives import depth, depth_rules, matrix  # noqa: E402
 from tunnels import hops  # noqa: E402
 
 # the grid, fixed before its runs: max_hops 4 so that the predicted depths are small (2 layers for one hop,
@@ -192,7 +190,9 @@ def run(preset="default", out=None, jobs=2, runner=matrix.run, figures="figures"
                    n_symbols=hops.SETTINGS["n_symbols"], does=depth_rules.DOES,
                    optimisation=optimisation, claims={k: dict(verdict=v, why=w) for k, (v, w) in claims.items()},
                    chosen={f"L{k[0]}-{'cot' if k[1] else 'direct'}-s{k[2]}": v[1] for k, v in best.items()},
-                   readings={name: m.get("readings") for name, m in results.items() if isinstance(m, dict)})
+                   readings={name: m.get("readings") for name, m in results.items() if isinstance(m, dict)},
+                   failed=sorted(name for name, m in results.items() if "failed" in m))
+    drivers.note(out, summaries=["depth-sweep.json"])
     write_json(os.path.join(out, "depth-sweep.json"), summary)
     os.makedirs(figures, exist_ok=True)
     drawn = plots.plot_depth_sweep(summary, os.path.join(figures, "depth-sweep" + ("-quick" if preset == "quick"
@@ -210,16 +210,36 @@ def run(preset="default", out=None, jobs=2, runner=matrix.run, figures="figures"
     return summary
 
 
+COMMAND = "python -m primitives.depth_sweep"
+
+
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m primitives.depth_sweep", description=__doc__.split("\n\n")[0])
+    p = drivers.parser(COMMAND, __doc__.split("\n\n")[0])
     p.add_argument("--preset", choices=tuple(PRESETS), default="default")
     p.add_argument("--out", default=None, help="the cells' directory (default runs/depth-sweep[-quick])")
     p.add_argument("--jobs", type=int, default=2, help="cells at a time (default 2, one per core)")
     p.add_argument("--figures", default="figures", help="where depth-sweep.png goes (default figures)")
+    p.add_argument("--overwrite", action="store_true", help="where --out was made with another preset, remove what "
+                   "this command wrote there and start again")
     a = p.parse_args(argv)
-    if a.jobs < 1:
-        p.error(f"--jobs {a.jobs}: allowed are 1 or more")
-    return run(a.preset, a.out, a.jobs, figures=a.figures)
+    drivers.check(p, drivers.jobs(a.jobs), drivers.directory(a.out, "--out"), drivers.directory(a.figures, "--figures"))
+    out = a.out or os.path.join("runs", "depth-sweep" + ("-quick" if a.preset == "quick" else ""))
+    try:
+        drivers.take(out, COMMAND, dict(preset=a.preset), a.overwrite)
+    except drivers.Refused as e:
+        p.error(str(e))
+    try:
+        summary = run(a.preset, out, a.jobs, figures=a.figures)
+    except drivers.Refused as e:
+        p.error(str(e))
+    finally:
+        runs.release(out)
+    if summary["failed"]:
+        print(f"{len(summary['failed'])} cell(s) failed, left out of the verdicts above: {', '.join(summary['failed'])} "
+              f"(their logs: {os.path.join(out, summary['failed'][0])}.log, ...; delete a cell's .failed marker to train "
+              f"it again)")
+        raise SystemExit(1)
+    return summary
 
 
 if __name__ == "__main__":

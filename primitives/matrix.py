@@ -42,14 +42,14 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # see layers.py: BLAS thread
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import math  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 
 import models  # noqa: E402
-from harness import plots  # noqa: E402
+from harness import drivers, plots, runs  # noqa: E402
+from harness.checkpoints import write_json  # noqa: E402
 from tunnels import tasks  # noqa: E402
 
 GOOD, PARTIAL = 0.95, 0.50          # the marks' thresholds on the closed share, fixed before the first matrix run
@@ -231,30 +231,30 @@ def expected_steps(cell, preset):
 
 
 def finished(run_dir, cell=None, preset=None):
-    """A cell's result: its metrics.json (checked against the cell: task, family and steps, and the learning
-    rate and its schedule train.py would use now; ValueError in one line for a directory holding another run
-    or one trained at another rate), a marker left by a cell that sat out or failed ({"sits_out":
-    why} or {"failed": why}; delete the marker to try again), or None."""
+    """A cell's result: its metrics.json (drivers.read_metrics, checked against the cell: task, family and
+    steps, and the learning rate and its schedule train.py would use now; drivers.Refused in one line for a
+    directory holding another run or one trained at another rate), a marker left by a cell that sat out or
+    failed ({"sits_out": why} or {"failed": why}; delete the marker to try again), or None (not run, or its
+    metrics.json cannot be read: drivers.read_metrics says why, and the cell is trained again)."""
     for kind in ("sits_out", "failed"):
         if os.path.exists(f"{run_dir}.{kind}"):
-            with open(f"{run_dir}.{kind}") as f:
+            with open(f"{run_dir}.{kind}", errors="replace") as f:
                 return {kind: f.read().strip()}
-    path = os.path.join(run_dir, "metrics.json")
-    if not os.path.exists(path):
+    m, _ = drivers.read_metrics(run_dir)
+    if m is None:
         return None
-    with open(path) as f:
-        m = json.load(f)
     if cell is not None and (m.get("task"), m.get("model"), m.get("steps")) != (
             cell["task"], cell["family"], expected_steps(cell, preset)):
-        raise ValueError(f"{run_dir} holds a run of {m.get('task')}, {m.get('model')}, {m.get('steps')} steps, not this "
-                         f"cell's: move it or give another --out")
+        raise drivers.Refused(f"{run_dir} holds a run of {m.get('task')}, {m.get('model')}, {m.get('steps')} steps, "
+                              f"not this cell's: move it or give another --out")
     ran = optimizer_of(run_dir, m) if cell is not None and preset is not None else {}
     if ran:
         wanted = optimizer_wanted(cell, preset, run_dir)
         differ = [k for k in wanted if k in ran and not math.isclose(ran[k], wanted[k], rel_tol=1e-9)]
         if differ:
-            raise ValueError(f"{run_dir} was trained with --{differ[0].replace('_', '-')} {ran[differ[0]]:g}, not this "
-                             f"cell's {wanted[differ[0]]:g} (a preset changed since?): move it or give another --out")
+            raise drivers.Refused(f"{run_dir} was trained with --{differ[0].replace('_', '-')} {ran[differ[0]]:g}, not "
+                                  f"this cell's {wanted[differ[0]]:g} (a preset changed since?): move it or give another "
+                                  f"--out")
     return m
 
 
@@ -268,7 +268,11 @@ def optimizer_of(run_dir, m):
         return {}
     from harness.checkpoints import load_checkpoint
     from harness.flags import OPTIMIZER
-    meta = load_checkpoint(path)[2]
+    try:
+        meta = load_checkpoint(path)[2]
+    except (ValueError, OSError) as e:
+        raise drivers.Refused(f"{path} cannot be read ({str(e).splitlines()[0] if str(e) else e.__class__.__name__}), "
+                              f"so what its cell was trained with is unknown: move it or give another --out") from None
     return {k: meta[k] for k in OPTIMIZER if meta.get(k) is not None}
 
 
@@ -403,12 +407,16 @@ def run(preset="default", out=os.path.join("runs", "matrix"), seeds=None, jobs=2
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # where train.py is
     results, running, start, walls = {}, [], time.time(), []
     queue = []
-    for c in todo:
+    for c in todo:                                 # every cell read before any trains (drivers.Refused: one line)
         m = finished(os.path.join(out, c["name"]), c, preset)
         if m is None:
             queue.append(c)
+            unreadable = drivers.read_metrics(os.path.join(out, c["name"]))[1]
+            if unreadable:
+                log(f"{c['name']}: {unreadable}: trained again")
         else:
             results[c["name"]] = m
+    drivers.note(out, cells=[c["name"] for c in todo])
     log(f"matrix ({preset}): {len(todo)} cells, {len(results)} finished before, {len(queue)} to train, {jobs} at a "
         f"time, one Numba thread each, into {out}")
     try:
@@ -650,8 +658,11 @@ def lines(rows):
     return out
 
 
+COMMAND = "python -m primitives.matrix"
+
+
 def main(argv_=None):
-    p = argparse.ArgumentParser(prog="python -m primitives.matrix", description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = drivers.parser(COMMAND, __doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", choices=list(PRESETS), default="default")
     p.add_argument("--out", default=None, help="the cells' directory (default runs/matrix[-quick])")
     p.add_argument("--seeds", type=int, nargs="+", default=None, help="default: the preset's (quick 0; default 0 1; "
@@ -664,37 +675,60 @@ def main(argv_=None):
                    "over the stored pairs (4 to 64) or the filler (0 to 128), every family at the transformer's count; "
                    "or the recurrent families' rate sweep (rates: 4 rates x 2 initialisations on recall, hops, "
                    "transport and the HMM, seed 9)")
+    p.add_argument("--overwrite", action="store_true", help="where --out was made with other settings (another "
+                   "preset or sweep), remove what this command wrote there and start again")
     a = p.parse_args(argv_)
-    if a.jobs < 1:
-        p.error(f"--jobs {a.jobs}: allowed are 1 or more")
+    drivers.check(p, drivers.jobs(a.jobs), drivers.seeds(a.seeds), drivers.directory(a.out, "--out"),
+                  drivers.directory(a.figures, "--figures"))
+    if a.sweep == "rates" and a.seeds and len(a.seeds) != 1:
+        p.error(f"--seeds {' '.join(map(str, a.seeds))}: --sweep rates takes one seed (default {RATE_SEED}, which no "
+                f"verdict uses)")
+    out = a.out or os.path.join("runs", f"sweep-{a.sweep}" if a.sweep else "matrix" + ("-quick" if a.preset == "quick"
+                                                                                        else ""))
+    try:
+        drivers.take(out, COMMAND, dict(preset="default" if a.sweep else a.preset, sweep=a.sweep), a.overwrite)
+    except drivers.Refused as e:
+        p.error(str(e))
+    try:
+        results = drive(a, out)
+    except drivers.Refused as e:
+        p.error(str(e))
+    finally:
+        runs.release(out)
+    failed = sorted(name for name, m in results.items() if "failed" in m)
+    if failed:
+        print(f"{len(failed)} cell(s) failed, left out of the tables above: {', '.join(failed)} (their logs: "
+              f"{os.path.join(out, failed[0])}.log, ...; delete a cell's .failed marker to train it again)")
+        raise SystemExit(1)
+
+
+def drive(a, out):
+    """The matrix or a sweep, in a directory taken (main) -> every cell's result."""
     if a.sweep == "rates":
-        if a.seeds and len(a.seeds) != 1:
-            p.error(f"--seeds {' '.join(map(str, a.seeds))}: --sweep rates takes one seed (default {RATE_SEED}, which no "
-                    f"verdict uses)")
-        out = a.out or os.path.join("runs", "sweep-rates")
         todo = rate_cells(*(a.seeds or ()))
-        rows = rate_rows(run("default", out, jobs=a.jobs, todo=todo), todo, out)
+        results = run("default", out, jobs=a.jobs, todo=todo)
+        rows = rate_rows(results, todo, out)
         chosen = choose_rates(rows)
-        with open(os.path.join(out, "sweep-rates.json"), "w") as f:
-            json.dump(dict(rates=RATES, seed=todo[0]["seed"], rows=rows,
-                           chosen=[dict(family=k[0], task=k[1], lr=r["lr"], init=r["init"], kl=r["kl"], edge=r["edge"])
-                                   for k, r in chosen.items()]), f, indent=1)
+        drivers.note(out, summaries=["sweep-rates.json"])
+        write_json(os.path.join(out, "sweep-rates.json"), dict(
+            rates=RATES, seed=todo[0]["seed"], rows=rows, chosen=[dict(family=k[0], task=k[1], lr=r["lr"], init=r["init"],
+                                                                     kl=r["kl"], edge=r["edge"]) for k, r in chosen.items()]))
         print("\n".join(rate_lines(rows, chosen)))
-        return
+        return results
     if a.sweep:
-        out = a.out or os.path.join("runs", f"sweep-{a.sweep}")
         todo = sweep_cells(a.sweep, tuple(a.seeds or (FILLER_SEEDS if a.sweep == "filler" else (0,))))
-        rows = sweep_table(run("default", out, jobs=a.jobs, todo=todo), todo, out)
+        results = run("default", out, jobs=a.jobs, todo=todo)
+        rows = sweep_table(results, todo, out)
         shortcut = sweep_shortcuts(todo)
-        with open(os.path.join(out, f"sweep-{a.sweep}.json"), "w") as f:
-            json.dump(dict(sweep=a.sweep, flat=FLAT, rows=rows, shortcut_answered=shortcut), f, indent=1)
+        drivers.note(out, summaries=[f"sweep-{a.sweep}.json"])
+        write_json(os.path.join(out, f"sweep-{a.sweep}.json"),
+                   dict(sweep=a.sweep, flat=FLAT, rows=rows, shortcut_answered=shortcut))
         print("\n".join(sweep_lines(rows)))
         print("the shortcut (the stored values without their keys) answers " + ", ".join(
             f"{p} {n:.1f}" for p, n in shortcut.items()) + f" stored pairs ({FLOOR_SEQS:,} held-out sequences)")
         os.makedirs(a.figures, exist_ok=True)
         print(plots.plot_sweep(rows, os.path.join(a.figures, f"recall-{a.sweep}.png"), a.sweep, shortcut))
-        return
-    out = a.out or os.path.join("runs", "matrix" + ("-quick" if a.preset == "quick" else ""))
+        return results
     seeds = a.seeds or (CONFIRM_SEEDS if a.confirm else None)
     results = run(a.preset, out, seeds, a.jobs)
     floor = floors(a.preset)
@@ -708,9 +742,9 @@ def main(argv_=None):
     for t, steps in memory.items():
         print(f"{t}: the window filters' KL (bits) by the observations they remember, k "
               + ", ".join(f"{k}: {kl:.4f}" for k, kl in steps.items()))
-    with open(os.path.join(out, "matrix.json"), "w") as f:
-        json.dump(dict(preset=a.preset, seeds=seeds, thresholds=dict(good=GOOD, partial=PARTIAL), floors=floor,
-                       memory_steps=memory, primitive=PRIMITIVE, rows=rows), f, indent=1)
+    drivers.note(out, summaries=["matrix.json"])
+    write_json(os.path.join(out, "matrix.json"), dict(preset=a.preset, seeds=seeds, thresholds=dict(good=GOOD, partial=PARTIAL),
+                                                      floors=floor, memory_steps=memory, primitive=PRIMITIVE, rows=rows))
     print("\n".join(lines(rows)))
     os.makedirs(a.figures, exist_ok=True)
     quick = "-quick" if a.preset == "quick" else ""
@@ -721,6 +755,7 @@ def main(argv_=None):
     drawn = [plots.plot_memory(steps, [r for r in rows if r["task"] == t and "memory" in r],
                                os.path.join(a.figures, f"memory-{t}{quick}.png"), t) for t, steps in memory.items()]
     print(f"{os.path.join(out, 'matrix.json')}; figures {', '.join([path, curves, *drawn])}")
+    return results
 
 
 if __name__ == "__main__":

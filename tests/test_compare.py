@@ -10,7 +10,7 @@ from harness import compare
 def metrics(task="hmm", model="transformer", n=3, variants=True):
     rows = [dict(position=i + 1, H_model=1.0 + 0.1 * i, H_bayes=0.9 + 0.1 * i, kl=0.01 * (i + 1), impossible_mass=0.0)
             for i in range(n)]
-    m = dict(task=task, model=model, entropy_mae_bits=0.1, per_position=rows)
+    m = dict(task=task, model=model, steps=40, kl_bits=0.05, entropy_mae_bits=0.1, per_position=rows)
     if variants:
         m.update(length_generalization={"3": 0.02, "5": 0.03},
                  length_generalization_curves={"3": rows, "5": rows + [dict(rows[-1], position=n + 1)] * 2})

@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from harness import drivers
 from primitives import depth_sweep as ds
 from primitives import depth_rules as dr
 
@@ -89,7 +90,8 @@ def write_run(path, accuracies, readings=None):
     os.makedirs(path, exist_ok=True)
     groups = {f"h={h}": {"accuracy": a} for h, a in enumerate(accuracies, 1)}
     with open(os.path.join(path, "metrics.json"), "w") as f:
-        json.dump({"groups": groups, "readings": readings or {}}, f)
+        json.dump({"task": "hops", "model": "transformer", "steps": 10, "kl_bits": 0.5, "groups": groups,
+                   "readings": readings or {}}, f)
 
 
 def test_the_geometric_claim_reads_the_sweeps_chosen_runs(tmp_path):
@@ -103,7 +105,7 @@ def test_the_geometric_claim_reads_the_sweeps_chosen_runs(tmp_path):
     (tmp_path / "depth-sweep.json").write_text(json.dumps(summary))
     pairs, _ = chainsteps.sweep_runs(str(tmp_path), 2, [2, 3])
     assert pairs == [(2, str(tmp_path / "d2"), str(tmp_path / "c2"), [2, 3])]
-    with pytest.raises(ValueError, match="no depth-sweep.json"):
+    with pytest.raises(drivers.Refused, match="no depth sweep"):
         chainsteps.sweep_runs(str(tmp_path / "nowhere"), 2, [2])
 
 

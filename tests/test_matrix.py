@@ -8,6 +8,7 @@ import sys
 import numpy as np
 import pytest
 
+from harness import drivers
 from primitives import matrix
 import models
 from tunnels import tasks
@@ -101,7 +102,7 @@ def test_the_runner_skips_finished_cells_and_reports_each(tmp_path, monkeypatch)
     assert [r["verdict"] for r in rows] == ["~", "✓", "✓"] and rows[0]["score"] == [0.5]
     json.dump(dict(kl_bits=1.0, prior_kl_bits=2.0, steps=60, task="bijection", model="lstm"),
               open(out / few[1]["name"] / "metrics.json", "w"))                # another run in a cell's place
-    with pytest.raises(ValueError, match="holds a run of bijection, lstm, 60 steps, not this cell's"):
+    with pytest.raises(drivers.Refused, match="holds a run of bijection, lstm, 60 steps, not this cell.s"):
         matrix.run("quick", str(out), log=lines.append)
 
 
@@ -122,13 +123,13 @@ def test_a_finished_cell_trained_at_another_rate_is_refused(tmp_path, monkeypatc
             assert matrix.finished(str(run_dir), cell, "default")["kl_bits"] == 0.1
         else:
             refused = "was trained with --(lr 0.01|warmup 300), not this cell's (0.003|100)"
-            with pytest.raises(ValueError, match=refused):
+            with pytest.raises(drivers.Refused, match=refused):
                 matrix.finished(str(run_dir), cell, "default")
     # a run from before the record: its checkpoint's meta says what it was trained with
     from harness import checkpoints
     (run_dir / "checkpoint.npz").write_bytes(b"")
     monkeypatch.setattr(checkpoints, "load_checkpoint", lambda path: (None, None, {**now, "lr": 1e-2, "seed": 0}, None))
-    with pytest.raises(ValueError, match="was trained with --lr 0.01, not this cell's 0.003"):
+    with pytest.raises(drivers.Refused, match="was trained with --lr 0.01, not this cell.s 0.003"):
         matrix.finished(str(run_dir), cell, "default")
 
 

@@ -96,6 +96,10 @@ def check_hop_curriculum(text, s):
         stages = wt.parse_stages(text, HOPS_TOP, "hops", "1:1500,2:2500")
     except ValueError as e:
         return str(e)
+    top = s.get("max_hops") or SETTINGS["max_hops"]
+    beyond = [H for _, H in stages if H > top]
+    if beyond and s.get("typed", True):         # a preset's stages are clipped to --max-hops (sample)
+        return f"a stage of {beyond[0]} hops, beyond --max-hops {top}: each stage at most --max-hops"
     return wt.check_stages(stages, s.get("steps"))
 
 
