@@ -17,7 +17,9 @@ decay on the same tensors, and gradient clipping:
           SiLU, the step's projection and softplus, the scan, the gate, out-projection), the scan both as a
           loop over time and chunked (within a chunk of CHUNK steps the states follow from cumulative sums of
           the log decays); the faster of the two is the opponent
-Each pair is timed alternately (bench.interleaved); every number is a median with its IQR and the load.
+Each pair is timed alternately (bench.interleaved); every number is a median with its IQR and the load. Then
+the roofline line (bench/roofline.py): the step's counted FLOPs (models.step_flops) against the same run's
+2-thread sgemm, and each op's own time inside the step by category, the family's recurrences apart.
 """
 
 if not __package__:                 # run as a file, its folder-qualified imports cannot resolve
@@ -34,6 +36,7 @@ import sys  # noqa: E402
 import numba  # noqa: E402
 import numpy as np  # noqa: E402
 
+from bench import roofline  # noqa: E402
 from bench import transformer as bench  # noqa: E402
 import kernels  # noqa: E402
 import layers  # noqa: E402
@@ -154,8 +157,9 @@ def torch_ssm(cfg, params, batch, chunked):
     return stepper(loss_fn)
 
 
-def run(shapes, repeats, warmup, torch_version, families=FAMILIES):
-    """Print one block per family and shape; -> {(family, shape): ours / torch}."""
+def run(shapes, repeats, warmup, torch_version, families=FAMILIES, sgemm=None):
+    """Print one block per family and shape, with its roofline line against sgemm (the 2-thread GFLOP/s);
+    -> {(family, shape): ours / torch}."""
     ratios = {}
     for family in families:
         for shape in shapes:
@@ -178,6 +182,10 @@ def run(shapes, repeats, warmup, torch_version, families=FAMILIES):
             times = bench.interleaved(fs, repeats, warmup)
             for name, ts in zip(names, times):
                 print(f"  step: {name:22s} {bench.median_ms(ts):8.2f} ms ({bench.spread(ts)})")
+            if sgemm:
+                parts, total = roofline.exclusive_times(ours, max(2, repeats // 4))
+                print(f"  roofline: {roofline.line(roofline.split(parts, total), total, models.step_flops(family, cfg, B, T), sgemm)}"
+                      f"  ({bench.load()})")
             if torch_version:
                 best = min(range(1, len(times)), key=lambda i: np.median(times[i]))
                 ratios[(family, shape)] = np.median(times[0]) / np.median(times[best])
@@ -207,8 +215,12 @@ def main(argv=None):
     torch_version = bench.torch_available()
     print(f"python -m bench.recurrent  {bench.load()}  numba {numba.__version__} ({numba.config.NUMBA_NUM_THREADS} threads)  "
           f"torch {torch_version or 'absent'} ({bench.THREADS} threads)  repeats {repeats}")
+    n, reps = (256, 3) if args.quick else (2048, 7)
+    sgemm = max(bench.sgemm_gflops(2, n, reps) for _ in range(3))
+    print(f"sgemm {n}x{n} float32, 2 threads (best of 3 runs): {sgemm:.1f} GFLOP/s, the roofline's reference  "
+          f"({bench.load()})")
     with kernels.enabled():                                # the fast path, as train.py runs
-        ratios = run(shapes, repeats, 1 if args.quick else 3, torch_version, families)
+        ratios = run(shapes, repeats, 1 if args.quick else 3, torch_version, families, sgemm)
     worst = max(ratios.values()) if ratios else float("nan")
     print(f"worst ratio ours/torch: {worst:.2f}")
     return ratios

@@ -18,7 +18,8 @@ Also reported: our step with Numba held to one thread (the bijection paper prese
 each Numba kernel against its NumPy reference at the training shapes; the step's
 GFLOP/s (matmul + attention flops counted analytically) beside a large float32 matmul (sgemm) on this
 machine; the step's layer products (its matmul and matmul_tn calls, recorded and run again alone)
-and what half the sgemm rate would leave for the rest of the step; Numba compile time (fresh cache
+and what half the sgemm rate would leave for the rest of the step; the roofline line (bench/roofline.py:
+each op's own time inside a step, by category, against the 2-thread sgemm); Numba compile time (fresh cache
 against cached); peak resident memory of a training loop.
 The last line is `worst ratio ours/torch: R` (R = nan without PyTorch). The other families (LSTM, SSM) against
 PyTorch: bench/recurrent.py.
@@ -48,6 +49,7 @@ import kernels  # noqa: E402
 import layers  # noqa: E402
 import models  # noqa: E402
 import optim  # noqa: E402
+from bench import roofline  # noqa: E402
 from tunnels import tasks  # noqa: E402
 import training  # noqa: E402  (its train_step: the step is the one train.py takes)
 
@@ -546,6 +548,8 @@ def bench(args):
             ratios[name] = np.median(times[0]) / np.median(times[1])
             print(f"  step: torch {median_ms(times[1]):8.2f} ms ({spread(times[1])})  "
                   f"ratio ours/torch {ratios[name]:.2f}")
+        parts_s, total_s = roofline.exclusive_times(ours, max(2, args.repeats // 4))
+        print(f"  roofline: {roofline.line(roofline.split(parts_s, total_s), total_s, flops, ceiling[2])}  ({load()})")
         if args.profile:
             print("  cProfile of our step (tottime):")
             profile_step(ours)

@@ -145,3 +145,39 @@ def test_the_families_bench_refuses_bad_arguments_in_one_line(args):
                          text=True, timeout=600, cwd=ROOT)
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 2 and len(lines) == 1 and lines[0].startswith("python -m bench.recurrent: error: "), out.stderr
+
+
+def test_the_roofline_splits_a_step_into_its_ops_own_times(monkeypatch):
+    """On a clock that only the stand-in ops move: a linear op of 3 units around a product of 5, the optimiser's
+    2, and 1 in the step itself. Exclusive times: the product 5, the linear op 3 (not 8: its product is
+    taken out), the optimiser 2, the rest 1 of a step of 11; a family's own op (lstm_forward) 4 on its own
+    line. The line gives each part's share of the step (5 / 15 = 33%)."""
+    import kernels
+    import layers
+    import optim
+    from bench import roofline
+    clock = [0.0]
+    tick = lambda units: clock.__setitem__(0, clock[0] + units)
+    monkeypatch.setattr(roofline.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(kernels, "matmul", lambda a, b: tick(5))
+    monkeypatch.setattr(optim, "adamw_step", lambda *a, **k: tick(2))
+
+    def linear(x):
+        tick(3)
+        return kernels.matmul(x, x)
+
+    def step():
+        layers.FAST["linear_forward"](None)
+        layers.FAST["lstm_forward"](None)
+        optim.adamw_step()
+        tick(1)
+    with layers.use_twins({"linear_forward": linear, "lstm_forward": lambda x: tick(4)}):
+        ops, total = roofline.exclusive_times(step, n=2)
+        assert layers.FAST["linear_forward"] is linear                # switched back after
+    assert ops == {"matmul": 5, "linear_forward": 3, "lstm_forward": 4, "adamw_step": 2} and total == 15
+    parts = roofline.split(ops, total)
+    assert parts["products"] == 5 and parts[roofline.OWN] == 4 and parts[roofline.REST] == 1
+    assert parts["the optimiser"] == 2 and parts["linear, outside its product (bias, reshapes)"] == 3
+    text = roofline.line(parts, total, 30e9, 100.0)      # the clock's units as seconds: 30 GFLOP in 15 s
+    assert text.startswith("step 15000.00 ms, 30.000 GFLOP: 2.0 GFLOP/s = 2% of 2-thread sgemm; products 5000.00 ms "
+                           "(33% of the step)") and "the family's own ops 4000.00 ms (27%)" in text
