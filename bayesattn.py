@@ -270,7 +270,8 @@ def advantage_routing(u, alpha, v):
 
 
 def value_update(u, alpha):
-    """M-step. dv_j = sum_i alpha_ij u_i: each value moves toward the errors of the queries that use it."""
+    """M-step. dv_j = sum_i alpha_ij u_i, the error signals of the queries that read v_j weighted by their
+    attention to it; a gradient step moves v_j along -dv_j, against those errors."""
     return np.swapaxes(alpha, -1, -2) @ u                          # (..., T, hv)
 
 

@@ -80,6 +80,14 @@ def bayes_loss_bits(batch, soft=False):
     return float(-np.log2(p[mask]).mean())
 
 
+def curriculum_until(settings):
+    """The step the task's curricula end (the largest S of every `*curriculum` setting's stages `V:S,...`), 0
+    without one: until then a batch is easier than the task's, and so is its exact posterior's loss."""
+    ends = [int(stage.split(":")[1]) for k, v in settings.items() if k.endswith("curriculum") and v
+            for stage in str(v).split(",") if ":" in stage]
+    return max(ends, default=0)
+
+
 def train_model(args, name, cfg, params, opt_state, start, steps, main, bar, cost):
     """Train one model of the run in args.out from step `start` to `steps` (or --stop-after), writing its
     log, snapshots (the main model) and checkpoints; bar (or None): the command's one progress bar, which
@@ -108,6 +116,7 @@ def train_model(args, name, cfg, params, opt_state, start, steps, main, bar, cos
                                          lr, args.weight_decay, decay=decay)
         return dict(loss=loss, grad_norm=norm, lr=lr, floor=bayes_loss_bits(batch, args.soft))
 
+    until = curriculum_until(args.settings)
     with open(log_path, "w", newline="") as log_file:
         log = csv.writer(log_file)
         log.writerow(LOG_HEADER)
@@ -126,7 +135,9 @@ def train_model(args, name, cfg, params, opt_state, start, steps, main, bar, cos
             if i % 10 == 0:
                 log_file.flush()                     # so `tail runs/<name>/log.csv` follows the run
                 if bar is not None:
-                    bar.set_postfix_str(f"{name}: loss {loss_bits:.3f} bits | Bayes {r['floor']:.3f} bits")
+                    stage = f" (curriculum until step {until}: easier batches)" if i < until else ""
+                    bar.set_postfix_str(f"{name}: loss {loss_bits:.3f} bits | the exact posterior's on this batch "
+                                        f"{max(r['floor'], 0.0):.3f}{stage}")
 
         wall["seconds"] = prior
         try:

@@ -9,7 +9,7 @@ ops (bayesattn.attention_forward and attention_backward, whose Numba twins run i
 `with kernels.enabled():` and whose NumPy code runs otherwise, as for every model here):
     u_i = dL/do_i = dlogits_i W_O^T                  the error signal of query i
     E-step  ds_ij = alpha_ij (b_ij - b_bar_i)        b_ij = u_i . v_j,  b_bar_i = sum_j alpha_ij b_ij
-    M-step  dv_j  = sum_i alpha_ij u_i               each value moves toward the errors of its queries
+    M-step  dv_j  = sum_i alpha_ij u_i               a step moves v_j along -dv_j: against its queries' errors
     dq_i = sum_j ds_ij k_j / sqrt(d_k),  dk_j = sum_i ds_ij q_i / sqrt(d_k)
 and then dW_Q = x^T dq, dW_K = x^T dk, dW_V = x^T dv, dW_O = o^T dlogits.
 

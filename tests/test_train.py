@@ -818,3 +818,14 @@ def test_a_direct_run_reports_its_readings_and_prints_them(tmp_path, capsys):
     train.main([*common, "--cot", "--out", str(tmp_path / "cot")])
     assert "readings" not in json.loads((tmp_path / "cot" / "metrics.json").read_text())
 
+
+
+def test_the_progress_bar_says_when_a_curriculum_makes_batches_easier():
+    """The bar's floor is the exact posterior's loss on the batch, lower while a curriculum stage runs: it
+    names the step the curricula end, the largest of every stage of every curriculum (hops: 3,500, not the
+    symbols' 1,500), 0 where there is none."""
+    import train
+    assert train.curriculum_until({"symbol_curriculum": "2:500,4:1000,8:1500", "hop_curriculum": "1:1500,2:2500,4:3500",
+                                   "max_hops": 4}) == 3500
+    assert train.curriculum_until({"pair_curriculum": "2:500,4:1500", "filler": 8}) == 1500
+    assert train.curriculum_until({"pair_curriculum": "", "filler": 8}) == 0 and train.curriculum_until({}) == 0
