@@ -56,3 +56,6 @@ def checkout(tmp_path):
     """The folder of a scratch checkout (conftest._checkout): documented commands run there as written, from
     the repository's folder as a user runs them, and what they write stays in tmp_path."""
     return _checkout(str(tmp_path / "repo"))
+
+
+os.environ.setdefault("BAYESATTN_FIGURE_RULES", "strict")   # every figure a test draws keeps plots.figure_problems' rules

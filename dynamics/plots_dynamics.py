@@ -145,9 +145,7 @@ def plot_em_vs_sgd(out, path):
     fig.suptitle("Paper II, sticky Markov chain: SGD against the EM-like schedule and a true M-step", fontsize=13)
     _integer_steps(axes)
     fig.tight_layout(rect=(0, 0, 1, 0.97))
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(fig, path, dpi=100)
 
 
 def plot_two_timescales(out, path):
@@ -263,9 +261,7 @@ def plot_two_timescales(out, path):
     fig.suptitle("Two timescales: routing (the frame) against values (the precision)", fontsize=14)
     _integer_steps(axes)
     fig.tight_layout(rect=(0, 0, 1, 0.97))
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return _save(fig, path, dpi=90)
 
 
 def plot_deep_variant(out, path):

@@ -329,7 +329,7 @@ def plot_frame_precision(fp, title, path, verdict=None):
     (a, b, e), (f, d, c) = axes
     for l in range(tv.shape[1]):
         a.loglog(mid, np.maximum(tv[:, l] / gaps, 1e-12), "o-", ms=3, label=f"layer {l}")
-    a.loglog(mid, np.maximum(fp["attention_tv_rate"], 1e-12), "k-", lw=2, label="mean over layers")
+    a.loglog(mid, np.maximum(fp["attention_tv_rate"], 1e-12), "k-" if len(mid) > 1 else "ko", lw=2, label="mean over layers")
     a.set_ylabel("attention change per step (TV distance / step)")
     a.set_title("attention: how fast the rows move between snapshots", fontsize=9)
     b.loglog(steps, fp["entropy_mae_bits"], "o-", color="C3", ms=3, label="entropy MAE, paper metric (bits)")

@@ -5,7 +5,10 @@ Each function takes what it draws (metrics, probe results, loss curves) and a pa
 PNG there and returns the path. Nothing here computes a reported number.
 """
 
+import os
+
 import numpy as np
+
 
 def _plt():
     import matplotlib
@@ -14,7 +17,79 @@ def _plt():
     return plt
 
 
+RULES = "BAYESATTN_FIGURE_RULES"     # "strict" (the tests set it): a figure that breaks a rule is an error
+
+
+def figure_problems(fig):
+    """The rules every saved figure keeps, checked from matplotlib's own text extents at the saved size: no text
+    outside the image; no two texts drawn over each other (titles, labels, tick labels, legends, notes); no
+    series of one point without a marker; no legend over a plotted point. -> [one line per problem]."""
+    import matplotlib.text
+    from matplotlib.lines import Line2D
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    W, H = fig.bbox.width, fig.bbox.height
+    ticks, drawn = set(), set()               # a tick outside the axis' view keeps its label, not drawn
+    for ax in fig.axes:
+        for axis, (lo, hi) in ((ax.xaxis, ax.get_xlim()), (ax.yaxis, ax.get_ylim())):
+            lo, hi = min(lo, hi), max(lo, hi)
+            tol = 1e-9 * max(1.0, abs(hi - lo))
+            for tick in axis.get_major_ticks() + axis.get_minor_ticks():
+                ticks.update((tick.label1, tick.label2))
+            for locs, get in ((axis.get_majorticklocs(), axis.get_major_ticks),
+                              (axis.get_minorticklocs(), axis.get_minor_ticks)):
+                for tick, loc in zip(get(len(locs)), locs):
+                    if lo - tol <= loc <= hi + tol:
+                        drawn.update(t for t in (tick.label1, tick.label2) if t.get_visible())
+    texts = [t for t in fig.findobj(matplotlib.text.Text) if t.get_visible() and t.get_text().strip()
+             and (t not in ticks or t in drawn)]
+    boxes = []
+    for t in texts:
+        b = t.get_window_extent(renderer)
+        if b.width <= 0 or b.height <= 0:
+            continue
+        boxes.append((t, b))
+    problems = []
+    name = lambda t: repr(t.get_text().replace("\n", " ")[:50])
+    for t, b in boxes:
+        if b.x0 < -1 or b.y0 < -1 or b.x1 > W + 1 or b.y1 > H + 1:
+            problems.append(f"text {name(t)} runs outside the image")
+    for i, (t1, b1) in enumerate(boxes):
+        for t2, b2 in boxes[i + 1:]:
+            w = min(b1.x1, b2.x1) - max(b1.x0, b2.x0)
+            h = min(b1.y1, b2.y1) - max(b1.y0, b2.y0)
+            if w > 1 and h > 1 and w * h > 0.1 * min(b1.width * b1.height, b2.width * b2.height):
+                problems.append(f"texts {name(t1)} and {name(t2)} are drawn over each other")
+    for ax in fig.axes:
+        for line in ax.get_lines():
+            x = np.asarray(line.get_xdata(), float)
+            if line.get_visible() and np.isfinite(x).sum() == 1 and line.get_marker() in (None, "", "None", " "):
+                problems.append(f"a series of one point without a marker ({line.get_label()!r})")
+        legend = ax.get_legend()
+        if legend is None or not legend.get_visible():
+            continue
+        lb = legend.get_window_extent(renderer)
+        for line in ax.get_lines():
+            if not isinstance(line, Line2D) or not line.get_visible() or line.get_label().startswith("_"):
+                continue
+            xy = np.column_stack([np.asarray(line.get_xdata(), float), np.asarray(line.get_ydata(), float)])
+            xy = xy[np.isfinite(xy).all(1)]
+            if len(xy) and len(xy) < 10_000:
+                pts = line.get_transform().transform(xy)           # axhline's x is in axes coordinates
+                if np.any((pts[:, 0] > lb.x0) & (pts[:, 0] < lb.x1) & (pts[:, 1] > lb.y0) & (pts[:, 1] < lb.y1)):
+                    problems.append(f"the legend sits on the points of {line.get_label()!r}")
+                    break
+    return list(dict.fromkeys(problems))
+
+
 def _save(fig, path, dpi=120):
+    """Save and close; where RULES is "strict" a figure breaking figure_problems' rules is a ValueError."""
+    fig.set_dpi(dpi)
+    if os.environ.get(RULES) == "strict":
+        problems = figure_problems(fig)
+        if problems:
+            _plt().close(fig)
+            raise ValueError(f"{os.path.basename(path)}: " + "; ".join(problems[:6]))
     fig.savefig(path, dpi=dpi)
     _plt().close(fig)
     return path
@@ -32,7 +107,8 @@ def plot_calibration(results, task, label, path):
                                   gridspec_kw={"height_ratios": (3, 2)})
     first = next(iter(results.values()))
     pos = [r["position"] for r in first["per_position"]]
-    ax.plot(pos, [r["H_bayes"] for r in first["per_position"]], "k-", lw=3, alpha=0.35, label="exact Bayes")
+    ax.plot(pos, [r["H_bayes"] for r in first["per_position"]], "k-" if len(pos) > 1 else "ko", lw=3, alpha=0.35,
+            label="exact Bayes")
     for name, m in results.items():
         line, = ax.plot(pos, [r["H_model"] for r in m["per_position"]], "o-", ms=3,
                         label=f"{name} (paper metric {m['entropy_mae_bits']:.3g} bits)")
@@ -92,7 +168,7 @@ def plot_traces(traces, task, label, path):
     fig, axes = plt.subplots(2, 2, figsize=(8, 5), sharex=True, sharey=True)
     for s, ax in enumerate(axes.ravel()):
         x = np.arange(1, traces["h_bayes"].shape[1] + 1)
-        ax.plot(x, traces["h_bayes"][s], "k-", lw=3, alpha=0.35, label="this sequence's posterior")
+        ax.plot(x, traces["h_bayes"][s], "k-" if len(x) > 1 else "ko", lw=3, alpha=0.35, label="this sequence's posterior")
         ax.plot(x, traces["h_model"][s], "o-", ms=3, label="model")
         ax.set_title(f"held-out sequence {s}", fontsize=9)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))

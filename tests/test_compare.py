@@ -8,7 +8,7 @@ from harness import compare
 
 
 def metrics(task="hmm", model="transformer", n=3, variants=True):
-    rows = [dict(position=i + 1, H_model=1.0 + 0.1 * i, H_bayes=0.9 + 0.1 * i, kl=0.01 * (i + 1), impossible_mass=0.0)
+    rows = [dict(position=i + 1, H_model=1.0 + 0.2 * i, H_bayes=0.9 + 0.1 * i, kl=0.01 * (i + 1), impossible_mass=0.0)
             for i in range(n)]
     m = dict(task=task, model=model, steps=40, kl_bits=0.05, entropy_mae_bits=0.1, per_position=rows)
     if variants:
