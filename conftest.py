@@ -58,4 +58,9 @@ def checkout(tmp_path):
     return _checkout(str(tmp_path / "repo"))
 
 
-os.environ.setdefault("BAYESATTN_FIGURE_RULES", "strict")   # every figure a test draws keeps plots.figure_problems' rules
+
+@pytest.fixture(autouse=True)
+def figures_keep_their_rules(monkeypatch):
+    """Every figure a test draws in its own process keeps plots.figure_problems' rules (a ValueError if not)."""
+    from harness import plots
+    monkeypatch.setattr(plots, "STRICT", True)
