@@ -494,7 +494,7 @@ def plot_depth_sweep(summary, path):
     a2.set_ylabel("elimination: KL on uncertain answers (bits)")
     a1.set_title("the lookup (a marker per seed)", fontsize=10)
     a2.set_title("the elimination, beside two predictors", fontsize=10)
-    a1.legend(frameon=False, fontsize=7, loc="lower left")
-    a2.legend(frameon=False, fontsize=7, loc="center right")
+    for ax in (a1, a2):                                  # below each panel, off the data
+        ax.legend(frameon=False, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3)
     fig.tight_layout()
     return _save(fig, path)
