@@ -198,7 +198,7 @@ def plot_variants(curves, path, label_format="{}", xlabel="answer index i", titl
     answer of the first (the run's own settings: for the HMM, its training length) marked."""
     plt = _plt()
     from matplotlib.ticker import MaxNLocator
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig, ax = plt.subplots(figsize=(8.4, 4.2))
     for label, m in curves.items():
         ax.semilogy([r["position"] for r in m["per_position"]], [max(r["kl"], 1e-7) for r in m["per_position"]],
                     "o-", ms=3, label=f"{label_format.format(label)} (mean {m['kl_bits']:.2g} bits)")
@@ -209,7 +209,7 @@ def plot_variants(curves, path, label_format="{}", xlabel="answer index i", titl
     ax.set_xlabel(xlabel)
     ax.set_ylabel("KL(posterior || model) (bits)")
     ax.set_title(title, fontsize=10)
-    ax.legend(frameon=False, loc="lower right", fontsize=8)
+    ax.legend(frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)    # beside, off the data
     ax.grid(alpha=0.3, which="major")
     fig.tight_layout()
     return _save(fig, path)
