@@ -8,11 +8,13 @@ from harness.plots import _plt, _save
 
 
 def _verdict(fig, title, what, verdict):
-    """The suptitle of a geometry figure: the run, what a student should see, and the verdict of the claim
-    that this figure's controls decide (verdicts.judge on the same probes), so that figure and verdict agree."""
+    """The suptitle of a geometry figure: the run, what a student should see, and the verdict's label (its word
+    and deciding number, verdicts.judge on the same probes), so that figure and verdict agree; the full verdict
+    and its rule are in geometry.json."""
     import textwrap
-    line = "" if verdict is None else "\nverdict: " + textwrap.shorten(verdict["verdict"], 190, placeholder=" ...")
-    fig.suptitle(f"{title}: {what}{line}", fontsize=9)
+    line = "" if verdict is None else f"\nverdict: {verdict['label']}"
+    width = int(fig.get_figwidth() * 12)          # characters of 9-point text across the figure, with room
+    fig.suptitle("\n".join(textwrap.wrap(f"{title}: {what}", width)) + line, fontsize=9)
 
 
 GROUP_LABELS = {"keys": "key", "values": "value", "tokens": "key or value", "observations": "observation",

@@ -226,7 +226,8 @@ def summary(g):
     """A few lines for the terminal: the verdicts, the probes a task could not feed, the authors' definitions,
     then ours (a family without attention: what was skipped, the manifold and the lens)."""
     fmt = lambda x: "n/a" if x is None else f"{x:.3f}"
-    lines = ["verdicts (rules and controls in geometry.json, under verdicts):",
+    lines = ["verdicts (each claim's word and deciding number; the full verdict, its rule and controls: "
+             "geometry.json, under verdicts):",
              *("  " + v for v in verdicts.lines(g["verdicts"]))]
     lines += [f"skipped: {probe}: {why}" for probe, why in g.get("skipped_probes", {}).items()]
     if "skipped" in g:
@@ -306,12 +307,12 @@ def print_combined(paths, fail):
     except (ValueError, KeyError) as e:
         fail(str(e) if isinstance(e, ValueError) else f"a geometry.json lacks {e}: re-run python -m geometry.run on its checkpoint")
     print(f"{len(gs)} runs of one command ({gs[0]['task']}, step {gs[0]['step']}), seeds "
-          f"{', '.join(str(g['train_seed']) for g in gs)}; the rules: python -m geometry.run --definitions")
+          f"{', '.join(str(g['train_seed']) for g in gs)}; the rules: python -m geometry.run --definitions; "
+          f"each seed's full verdict and margin: its geometry.json, under verdicts")
     for claim, c in combined.items():
         print(f"{claim}: {c['outcome']} ({c['agreement']})")
         for seed, v in c["per_seed"].items():
-            print(f"  {seed}: {v['verdict']}" + (f"  [margin: {v['margin']}]" if v["margin"] and v["margin"] not in v["verdict"]
-                                                 else ""))
+            print(f"  {seed}: {v['label']}")
     return combined
 
 

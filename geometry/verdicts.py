@@ -98,6 +98,15 @@ RULES = {
 }
 
 
+LABEL_MAX = 80              # a verdict's label (figures, the terminal): its word and deciding number, this long at most
+
+
+def label(outcome, deciding):
+    """The short form of a verdict, for a figure's title and the terminal: the outcome and the number that decided
+    it; the full sentence stays in the verdict (geometry.json, the results documents)."""
+    return f"{outcome}: {deciding}" if deciding else outcome
+
+
 def fmt(x, spec=".3g"):
     return "n/a" if x is None else format(x, spec)
 
@@ -146,6 +155,8 @@ def key_frame(g):
                   "participation ratio, centred": a["participation_ratio_centred"],
                   "Welch RMS bound": a["welch_rms_lower_bound"]},
         verdict=f"{verdict} [{margin}]", outcome=outcome, margin=margin,
+        label=label(outcome, f"mean |cos| {a['mean']:.3f} (init {a['random_init_mean']:.3f}), centred "
+                             f"{a['centred_mean']:.3f} ({a['random_init_centred_mean']:.3f})"),
         decided_by="the random-initialisation baseline and its spread, raw and centred")
 
 
@@ -203,8 +214,11 @@ def sharpening(g):
         verdict = f"{outcome}: no head aligns beyond the noise; layer by layer: no ({why})"
     else:
         outcome, verdict = "not supported", f"not supported: no head's sharpness follows its query; layer by layer: no ({why})"
+    heads = ", ".join(name(*k) for k in aligned) if len(aligned) <= 3 else f"{len(aligned)} heads"
+    short = f"aligned: {heads or 'none'} of {len(kinds)}; by layer {'yes' if by_layer else 'no'}"
     return dict(headline="attention entropy below uniform by layer: " + ", ".join(f"{r:.0%}" for r in reductions),
                 controls=controls, verdict=f"{verdict}. {detail}", outcome=outcome, margin=margin or None,
+                label=label(outcome, short),
                 layer_by_layer=by_layer, decided_by="per head: the sink rows and the query swap")
 
 
@@ -238,6 +252,7 @@ def manifold(g):
                                                                          a["mean_within_position_r2_top5"])}
     if within is None or scores[best] is None:
         return dict(headline=None, controls=controls, outcome="cannot be told", margin=None,
+                    label=label("cannot be told", f"the position alone reads H_Bayes, R^2 {fmt(pos_r2)}"),
                     verdict=f"cannot be told from the position: H_Bayes is a function of the position (readout R^2 "
                             f"from the position alone {fmt(pos_r2)})", decided_by="the position control")
     pc1, rho = compare(m["pc1_variance_without_dominant"], PC1_SHARE), compare(within, WITHIN_RHO)
@@ -259,6 +274,7 @@ def manifold(g):
                 f"{', '.join(map(str, m['dominant_positions']))} PC1 holds" if m["dominant_positions"] else "PC1 holds")
     readout = (f"a held-out readout explains {scores[best]:.0%} of what the position leaves of H_Bayes "
                f"({names[best]}); the model's own output {fmt(output, '.0%')}")
+    short = f"PC1 {m['pc1_variance_without_dominant']:.0%} ({PC1_SHARE:.0%} asked), within-position rho {within:.2f}"
     if pc1 == "above" and rho == "above":
         outcome, verdict = "supported", "supported: PC1 orders H_Bayes within a position on the graded rows"
         decided = "the dominating position and the graded rows"
@@ -270,6 +286,8 @@ def manifold(g):
                    f"asked), beyond the output {fmt(None if output is None else scores[best] - output, '.2f')} (SE "
                    f"{fmt(beyond_se, '.2f')}; {READOUT_BEYOND:g} asked)")
         decided = "the graded rows, the held-out readout and the output's own readout"
+        short = (f"PC1 {m['pc1_variance_without_dominant']:.0%}; readout R^2 {scores[best]:.2f}, beyond the output "
+                 f"{fmt(None if output is None else scores[best] - output, '.2f')}")
         not_pc1 = f"not on PC1 ({pc1_text} {m['pc1_variance_without_dominant']:.0%}; within a position on the graded " \
                   f"rows Spearman {within:.2f})"
         if readable == "above" and beyond == "above":
@@ -285,7 +303,8 @@ def manifold(g):
     return dict(headline=f"PC1 holds {m['pc1_variance']:.0%} of the final residual stream (before the final "
                          f"LayerNorm), Spearman(PC1, H) {fmt(m['spearman_pc1_entropy'], '.2f')}; after it (the "
                          f"authors') {a['pc1_variance']:.1%}, R^2 top 5 {fmt(a['r2_top5'], '.2f')}",
-                controls=controls, verdict=verdict, outcome=outcome, margin=margin, decided_by=decided)
+                controls=controls, verdict=verdict, outcome=outcome, margin=margin, decided_by=decided,
+                label=label(outcome, short))
 
 
 def frame_head(g):
@@ -311,7 +330,9 @@ def frame_head(g):
         why = "no in-distribution ablation" if not read else f"the model (KL {abl['baseline']['kl_bits']:.3g}) is " \
               f"no better than a uniform guess ({abl['uniform_kl_bits']:.3g})"
         return dict(headline=headline, controls=controls, verdict=f"not judged: {why}", outcome="not judged",
-                    margin=None, decided_by="the gap to a uniform guess")
+                    margin=None, decided_by="the gap to a uniform guess",
+                    label=label("not judged", "no in-distribution ablation" if not read else
+                                f"KL {abl['baseline']['kl_bits']:.3g}, uniform {abl['uniform_kl_bits']:.3g}"))
     heads = list(results[read[0]])
     essential = [h for h in heads if all(results[m][h] == "above" for m in read)]
     near = [h for h in heads if h not in essential and all(results[m][h] != "below" for m in read)]
@@ -334,7 +355,13 @@ def frame_head(g):
                    f"({threshold:.3g} bits) under {' and '.join(read)}")
     if others:
         verdict += f" (not read by the rule, heads above it: {others})"
+    top = max(heads, key=lambda h: min(rises[m][h] for m in read))
+    shown = essential if 0 < len(essential) <= 2 else near if 0 < len(near) <= 2 else [top]
+    short = (f"{', '.join(shown)} +{min(min(rises[m][h] for m in read) for h in shown):.3g} bits"
+             f"{'' if len(shown) == len(essential or near or shown) else f' (of {len(essential or near)})'} "
+             f"({threshold:.3g} asked)")
     return dict(headline=headline, controls=controls, verdict=verdict, outcome=outcome, margin=margin,
+                label=label(outcome, short),
                 decided_by=f"the KL rise under {' and '.join(read)} against the gap to a uniform guess")
 
 
@@ -342,7 +369,7 @@ def frame_precision(g):
     fp = g["frame_precision"]
     if not fp or "frame_change" not in fp:
         return dict(headline=None, controls={}, verdict="not measured (no snapshots)", outcome="not measured",
-                    margin=None, decided_by=None)
+                    margin=None, decided_by=None, label=label("not measured", "no snapshots"))
     a, c = fp["authors"], fp["frame_change"]
     last = a["ratio_to_chance"][-1]
     others = c["other_init_ratio"]
@@ -374,7 +401,8 @@ def frame_precision(g):
             "the gain by KL, the stillness or the other blocks were not measured"
         outcome = "not supported" if plateau is None else "not measured"
         return dict(headline=headline, controls=controls, verdict=f"{outcome}: {missing}", outcome=outcome,
-                    margin=None, decided_by="the change since initialisation")
+                    margin=None, decided_by="the change since initialisation",
+                    label=label(outcome, "the frame never settles" if plateau is None else "gains not measured"))
     gain = "below" if gain_kl < WEAK_GAIN else compare(gain_kl, GAIN)
     moving = compare(still, STILL)
     specific = index(plateau) < median
@@ -399,6 +427,8 @@ def frame_precision(g):
                     f"{a['frame_plateau_step']}) is carried by the initialisation ({c['init_ratio']:.2f}x of "
                     f"{last:.2f}x already at step 0)")
     return dict(headline=headline, controls=controls, verdict=verdict, outcome=outcome, margin=margin,
+                label=label(outcome, f"KL {gain_kl:.3g}x after step {plateau}, still {still:.2g}, "
+                                     f"{len(as_early)} of {len(blocks)} blocks as early"),
                 decided_by="the change since initialisation, its stillness and the other weight blocks")
 
 
@@ -406,6 +436,7 @@ def state_clusters(g):
     c = g.get("clusters")
     if c is None:
         return dict(headline=None, controls={}, outcome="not measured", margin=None, decided_by="the task",
+                    label=label("not measured", "no hidden state"),
                     verdict="not measured: the task names no hidden state to cluster by")
     init_mean = sum(c["nmi_init_per_seed"]) / len(c["nmi_init_per_seed"]) if c["nmi_init_per_seed"] else None
     controls = {"NMI with the MAP state": c["nmi"], "its standard error over folds": c["nmi_se"],
@@ -419,22 +450,23 @@ def state_clusters(g):
     headline = f"k-means on the final state (k = {c['k']}): NMI {fmt(c['nmi'], '.2f')} with the MAP hidden state"
     if c["nmi"] is None or init_mean is None:
         return dict(headline=headline, controls=controls, outcome="cannot be told", margin=None,
-                    decided_by="the labels", verdict="cannot be told: one MAP state on every row, or no "
+                    decided_by="the labels", label=label("cannot be told", "no labels or no initialisation"), verdict="cannot be told: one MAP state on every row, or no "
                                                      "initialisation to compare with")
     tests = {"threshold": compare(c["nmi"], CLUSTER_NMI, c["nmi_se"]),
              "random initialisation": compare(c["nmi"], init_mean, ms.seed_sd(c["nmi_init_per_seed"])),
              "shuffled labels": compare(c["nmi"], c["nmi_shuffled_mean"], c["nmi_shuffled_sd"])}
+    nmi = f"NMI {c['nmi']:.2f} (init {init_mean:.2f}, shuffled {c['nmi_shuffled_mean']:.2f})"
     margin = (f"NMI {c['nmi']:.2f} ± {fmt(c['nmi_se'], '.2f')} ({CLUSTER_NMI:g} asked), random initialisation "
               f"{init_mean:.2f} (sd {ms.seed_sd(c['nmi_init_per_seed']):.2f}), shuffled {c['nmi_shuffled_mean']:.2f}")
     if "below" in tests.values():
         failed = ", ".join(k for k, r in tests.items() if r == "below")
         return dict(headline=headline, controls=controls, outcome="not supported", margin=margin,
-                    decided_by="the NMI against " + failed,
+                    decided_by="the NMI against " + failed, label=label("not supported", nmi),
                     verdict=f"not supported: the final states do not cluster by hidden state (NMI {c['nmi']:.2f}; "
                             f"fails against the {failed})")
     if any(r != "above" for r in tests.values()):
         outcome = unsettled(tests.values())
-        return dict(headline=headline, controls=controls, outcome=outcome, margin=margin,
+        return dict(headline=headline, controls=controls, outcome=outcome, margin=margin, label=label(outcome, nmi),
                     decided_by="the NMI's controls", verdict=f"{outcome}: NMI {c['nmi']:.2f} near a control")
     beyond, se = c["share_beyond_posterior"], c["share_beyond_posterior_se"]
     discrete = "undecided" if beyond is None else compare(beyond, CLUSTER_BEYOND, se)
@@ -449,6 +481,8 @@ def state_clusters(g):
     else:
         outcome, verdict = discrete, f"{discrete}: clusters by hidden state; discreteness near its threshold ({shares})"
     return dict(headline=headline, controls=controls, outcome=outcome, margin=margin, verdict=verdict,
+                label=label(outcome, f"NMI {c['nmi']:.2f}, beyond the posterior's share {fmt(beyond, '.2f')} "
+                                     f"({CLUSTER_BEYOND:g} asked)"),
                 decided_by="the random initialisation, the shuffled labels and the posterior's own clusters")
 
 
@@ -477,6 +511,8 @@ def judge(g, claims=None):
             share = f"{kl / uniform:.0%} of a uniform guess's {uniform:.3g}" if uniform > 0 else \
                 "where a uniform guess is exact: every answer's posterior is uniform"
             v = {**v, "outcome": "not judged", "decided_by": "the calibration gate",
+                 "label": label("not judged", f"KL {kl:.3g} bits, " + (f"{kl / uniform:.0%} of a uniform guess's"
+                                                                       if uniform > 0 else "uniform is exact")),
                  "verdict": f"not judged: not calibrated (KL {kl:.3g} bits, {share}; the gate asks below "
                             f"{CALIBRATED:.0%} of the uniform guess's)"}
         out[claim] = {**v, "rule": RULES[claim]}
@@ -511,7 +547,8 @@ def combine(gs):
     out = {}
     for claim in each[0]:                                  # the same task: the same claims measured
         outcomes = [v[claim]["outcome"] for v in each]
-        per_seed = {f"seed {g['train_seed']}": {"outcome": v[claim]["outcome"], "verdict": v[claim]["verdict"],
+        per_seed = {f"seed {g['train_seed']}": {"outcome": v[claim]["outcome"], "label": v[claim]["label"],
+                                                 "verdict": v[claim]["verdict"],
                                                  "margin": v[claim]["margin"]} for g, v in zip(gs, each)}
         agree = len(set(outcomes)) == 1
         out[claim] = {"outcome": outcomes[0] if agree else "undecided",
@@ -522,5 +559,6 @@ def combine(gs):
 
 
 def lines(v):
-    """The verdicts as a few lines for the terminal."""
-    return [f"{claim}: {d['verdict']}  [decided by {d['decided_by']}]" for claim, d in v.items()]
+    """The verdicts as a few lines for the terminal: each claim's label (the full verdict and its rule are in the
+    json beside the figures)."""
+    return [f"{claim}: {d['label']}" for claim, d in v.items()]

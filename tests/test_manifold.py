@@ -573,17 +573,19 @@ def ablation_figure(monkeypatch, verdict, uniform=1.0, model=0.1):
 
 def test_the_ablation_figure_marks_the_heads_its_verdict_names(monkeypatch):
     """Red: the heads above the threshold under every method the rule reads (L0H0: both; L0H1: position mean
-    only), never under a verdict that did not judge; the verdict is printed in the title."""
+    only), never under a verdict that did not judge; the verdict's label is printed in the title, not its
+    full sentence."""
     controls = {"position_mean": {"heads above the threshold": ["L0H0", "L0H1"]},
                 "resample": {"heads above the threshold": ["L0H0"]},
                 "zero": {"heads above the threshold": ["L0H0", "L0H1"]}}
-    title, red = ablation_figure(monkeypatch, dict(outcome="supported", verdict="supported by KL: L0H0",
-                                                   controls=controls))
-    assert red == ["L0H0"] and "verdict: supported by KL: L0H0" in title
+    title, red = ablation_figure(monkeypatch, dict(outcome="supported", verdict="supported by KL: L0H0 raises the KL ...",
+                                                   label="supported: L0H0 +1 bits", controls=controls))
+    assert red == ["L0H0"] and "verdict: supported: L0H0 +1 bits" in title and "raises" not in title
     title, red = ablation_figure(monkeypatch, dict(outcome="not judged", verdict="not judged: not calibrated",
-                                                   controls=controls))
+                                                   label="not judged: not calibrated", controls=controls))
     assert red == [] and "verdict: not judged: not calibrated" in title
-    _, red = ablation_figure(monkeypatch, dict(outcome="supported", verdict="x", controls=controls), uniform=0.05)
+    _, red = ablation_figure(monkeypatch, dict(outcome="supported", verdict="x", label="supported", controls=controls),
+                                uniform=0.05)
     assert red == []                                         # a model worse than a uniform guess: no gap to judge
 
 

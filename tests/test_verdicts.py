@@ -12,6 +12,36 @@ from geometry import measures as ms
 from geometry import verdicts as vd
 
 
+@pytest.fixture(autouse=True)
+def every_verdict_has_a_short_label(monkeypatch):
+    """Every branch of every rule that a test below reaches returns a label for figures and the terminal: the
+    outcome's word first, then what decided it, at most LABEL_MAX characters (the full verdict can be a
+    paragraph; the label goes into a figure's title)."""
+    def checked(claim, f):
+        def g(*a, **k):
+            v = f(*a, **k)
+            assert v["label"].startswith(v["outcome"]), (claim, v["label"], v["outcome"])
+            assert len(v["label"]) <= vd.LABEL_MAX, (claim, len(v["label"]), v["label"])
+            return v
+        return g
+    for claim, f in list(vd.CLAIMS.items()):
+        monkeypatch.setattr(vd, claim, checked(claim, f))
+        monkeypatch.setitem(vd.CLAIMS, claim, checked(claim, f))
+
+
+def test_labels_carry_the_deciding_numbers_by_hand():
+    """The key frame at 0.30 against 0.17 as they are, 0.10 against 0.17 centred; the gate at KL 0.5 against
+    a uniform guess's 1.1 (45%, not judged); the state clusters at NMI 0.80 against the initialisations' 0.10."""
+    assert vd.key_frame({"authors": {"key_frame": key_frame_part(mean=0.30)}})["label"] == \
+        "not supported: mean |cos| 0.300 (init 0.170), centred 0.100 (0.170)"
+    judged = vd.judge(geometry(kl=0.5))
+    assert judged["key_frame"]["label"] == "not judged: KL 0.5 bits, 45% of a uniform guess's"
+    assert judged["key_frame"]["verdict"].startswith("not judged: not calibrated")
+    assert vd.judge(geometry())["state_clusters"]["label"] == \
+        "supported: NMI 0.80, beyond the posterior's share 0.20 (0.1 asked)"
+    assert vd.lines({"key_frame": judged["key_frame"]}) == ["key_frame: not judged: KL 0.5 bits, 45% of a uniform guess's"]
+
+
 # ----------------------------------------------------------------------------
 # hand-built inputs: each part of a geometry.json that a rule reads, with its defaults stated
 
@@ -505,7 +535,7 @@ def test_geometry_combine_prints_one_verdict_per_claim_and_refuses_in_one_line(t
     out = geometry_py.main(["--combine", *paths])
     text = capsys.readouterr().out
     assert out["frame_head"]["outcome"] == "supported"
-    assert "frame_head: supported (all 2 seeds agree)" in text and "  seed 1: supported by KL" in text
+    assert "frame_head: supported (all 2 seeds agree)" in text and "  seed 1: supported: L0H0 +1 bits (0.545 asked)\n" in text
     for args, expected in (([paths[0]], "1 run given"), ([paths[0], paths[0]], "training seeds 0, 0"),
                            ([paths[0], str(tmp_path / "missing.json")], "missing.json' cannot be read")):
         with pytest.raises(SystemExit) as e:
