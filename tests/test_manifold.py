@@ -211,7 +211,16 @@ def check_geometry(g, run, figs):
     assert os.path.dirname(g["figures"][0]) == str(figs)
 
 
-def test_analyze_smoke_bijection(tmp_path):
+def longest_labels(monkeypatch):
+    """Every verdict's label as long as a label may be (verdicts.LABEL_MAX characters of a label's usual words),
+    so that the figures drawn next keep the figure rules (conftest: plots.STRICT) with the longest title a
+    verdict can give them."""
+    words = "mean |cos| 0.300 (init 0.170), centred 0.100 (0.170); KL 40x after step 12800, still 0.1; " * 2
+    monkeypatch.setattr(verdicts, "label", lambda outcome, deciding: f"{outcome}: {words}"[:verdicts.LABEL_MAX])
+
+
+def test_analyze_smoke_bijection(tmp_path, monkeypatch):
+    longest_labels(monkeypatch)
     cfg = tiny_config(dtype="float32")
     run = write_run(tmp_path, cfg, {"task": "bijection", "replacement": False})
     g = geometry.analyze(str(run / "checkpoint.npz"), fig_dir=str(tmp_path / "figs"), n_seqs=12, seed=0)
@@ -224,11 +233,13 @@ def test_analyze_smoke_bijection(tmp_path):
     worst = max(g["ablations"]["heads"], key=lambda r: r["delta_kl_bits"])     # the rule it states: largest KL rise
     assert g["ablations"]["hypothesis_frame_head"]["name"] == f"L{worst['layer']}H{worst['head']}"
     assert set(g["verdicts"]) == set(verdicts.CLAIMS) - {"state_clusters"} and all(v["rule"] == verdicts.RULES[c] for c, v in g["verdicts"].items())
+    assert all(len(v["label"]) == verdicts.LABEL_MAX for v in g["verdicts"].values())   # the longest, drawn
     for key in ("key_frame", "sink", "query_swap", "position_norm", "graded_rows", "readout", "ablations", "frame_change"):
         assert key in g["definitions"]                                 # every control is defined where it is written
 
 
-def test_analyze_smoke_hmm(tmp_path):
+def test_analyze_smoke_hmm(tmp_path, monkeypatch):
+    longest_labels(monkeypatch)
     cfg = ba.Config(vocab_size=hmm.VOCAB, n_classes=hmm.S, max_len=hmm.HEADER + 20, d_model=8,
                     n_layers=1, n_heads=2, pos="sinusoidal")
     run = write_run(tmp_path, cfg, {"task": "hmm", "replacement": False})

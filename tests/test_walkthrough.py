@@ -23,6 +23,18 @@ def test_the_walkthrough_has_commands_for_every_section():
     assert len(blocks()) >= 12
 
 
+def test_the_stated_length_is_what_the_sections_add_up_to():
+    """The title's and the README's length of the class is the sum of the sections' minutes (15 + 25 + 10 + 15 +
+    10 + 10 + 10 + 15 = 110 when this was written)."""
+    text = open(os.path.join(ROOT, "docs", "WALKTHROUGH.md")).read()
+    sections = [int(m) for m in re.findall(r"^## \d+\. .*\((\d+) minutes", text, flags=re.M)]
+    assert len(sections) == 8
+    total = sum(sections)
+    assert text.splitlines()[0] == f"# Walkthrough: a class of {total} minutes"
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    assert re.findall(r"WALKTHROUGH\.md\]\(docs/WALKTHROUGH\.md\) \((\d+) minutes", readme) == [str(total)]
+
+
 def test_every_walkthrough_command_runs(checkout):
     tmp_path = pathlib.Path(checkout)                         # a scratch checkout: the commands run as written
     for block in blocks():
