@@ -143,3 +143,25 @@ def test_every_documented_command_runs(checkout):
             proc = subprocess.run([sys.executable, *line.split()[1:]], cwd=checkout, capture_output=True, text=True,
                                   timeout=900)
             assert proc.returncode == 0, f"{line}\n{proc.stdout[-1500:]}\n{proc.stderr[-1500:]}"
+
+
+def readme_test_count(text):
+    """The README's sentence on its test command -> (tests run, skipped), or None where it has none."""
+    m = re.search(r"it ran ([\d,]+) tests \((\d+) skipped\)", text)
+    return None if m is None else (int(m.group(1).replace(",", "")), int(m.group(2)))
+
+
+def test_the_readmes_test_count_is_what_its_command_collects(request):
+    """Under the README's own command (python -m pytest -q, which collects every test), the tests it says ran plus
+    those it says were skipped are the tests collected: a test added or removed without the README's sentence
+    moving fails here. Under another selection (-k, a file, -m) only the sentence's form is checked."""
+    text = open(os.path.join(ROOT, "README.md")).read()
+    ran = readme_test_count(text)
+    assert ran is not None, "the README no longer says how many tests its command runs ('it ran N tests (S skipped)')"
+    assert readme_test_count("it ran 1,002 tests (12 skipped)") == (1002, 12)        # the form can be read
+    args = tuple(request.config.invocation_params.args)
+    if args not in ((), ("-q",)) or os.environ.get("BAYESATTN_CI_ONLY") == "1":
+        pytest.skip(f"collected under {' '.join(args) or 'no arguments'}: not the README's command, so not every test")
+    assert sum(ran) == len(request.session.items), (
+        f"the README says {ran[0]} tests ran and {ran[1]} were skipped ({sum(ran)}); the command collects "
+        f"{len(request.session.items)}: update its sentence from a run of python -m pytest -q")
