@@ -79,6 +79,7 @@ def test_every_walkthrough_command_runs(checkout):
     mlp = metrics("walkthrough-mlp")
     assert mlp["model"] == "mlp" and abs(mlp["entropy_mae_bits"] - mlp["prior_gap_bits"]) < 0.03, mlp["entropy_mae_bits"]
     assert abs(mlp["prior_gap_bits"] - 1.849) < 1e-3
+    assert f"{mlp['prior_only']['entropy_mae_bits']:.4g}" == "1.855"          # its "prior only" row, as the text says
     # exercise 5: the EM-like arm reaches SGD's final loss in fewer steps than SGD's budget, a true M-step in one
     dyn = json.loads((tmp_path / "runs" / "walkthrough-dynamics" / "dynamics.json").read_text())
     for setting in ("long_chain", "short_sequences"):
