@@ -409,6 +409,7 @@ def test_layernorm_backward_of_no_rows():
     assert dx.shape == (0, 6) and np.array_equal(dg, np.zeros(6)) and np.array_equal(db, np.zeros(6))
 
 
+@pytest.mark.ci_only
 @pytest.mark.skipif(numba.config.DISABLE_JIT, reason="counts the compiler's parallel loops")
 def test_each_parallel_kernel_has_one_parallel_loop():
     """Each parallel loop wakes the worker thread again (about 0.08 ms under OMP_WAIT_POLICY=passive).

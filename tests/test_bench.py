@@ -21,6 +21,7 @@ def run_bench(*args, timeout=900):
                           capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 
+@pytest.mark.ci_only
 def test_quick_runs_and_ends_with_the_worst_ratio():
     start = time.perf_counter()
     out = run_bench("--quick")
@@ -105,6 +106,7 @@ def test_main_leaves_the_switch_as_it_found_it(monkeypatch):
     assert layers.FAST == before
 
 
+@pytest.mark.ci_only
 def test_sgemm_alone_prints_one_line_in_gflops():
     """`python -m bench.transformer --sgemm`: the one number the documents' times are scaled by, in one line."""
     out = run_bench("--sgemm")

@@ -442,6 +442,7 @@ def test_sticky_rejects_flags_it_does_not_use(args, expected, tmp_path):
     assert_clear_error(run(args, tmp_path), expected)
 
 
+@pytest.mark.ci_only
 def test_eval_only_reads_mlp_checkpoints_and_snapshots(tmp_path):
     """--heads 4 sizes the transformer, the mlp baseline is matched to it; --eval-only reads each file's family
     from its meta: the baseline's own file and a transformer snapshot."""
@@ -661,6 +662,7 @@ def test_run_files_are_the_runs_own(tmp_path):
     assert runs.run_files(str(tmp_path / "none"), models.FAMILIES) == []
 
 
+@pytest.mark.ci_only
 def test_well_formed_archives_with_the_wrong_content_are_refused(tmp_path):
     cfg, params = tiny_transformer()
     meta = {"task": "bijection", "model": "transformer"}

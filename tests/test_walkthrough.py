@@ -10,6 +10,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository's folder
 
 
@@ -35,6 +37,7 @@ def test_the_stated_length_is_what_the_sections_add_up_to():
     assert re.findall(r"WALKTHROUGH\.md\]\(docs/WALKTHROUGH\.md\) \((\d+) minutes", readme) == [str(total)]
 
 
+@pytest.mark.ci_only
 def test_every_walkthrough_command_runs(checkout):
     tmp_path = pathlib.Path(checkout)                         # a scratch checkout: the commands run as written
     for block in blocks():
