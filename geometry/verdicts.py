@@ -286,8 +286,8 @@ def manifold(g):
                    f"asked), beyond the output {fmt(None if output is None else scores[best] - output, '.2f')} (SE "
                    f"{fmt(beyond_se, '.2f')}; {READOUT_BEYOND:g} asked)")
         decided = "the graded rows, the held-out readout and the output's own readout"
-        short = (f"PC1 {m['pc1_variance_without_dominant']:.0%}; readout R^2 {scores[best]:.2f}, beyond the output "
-                 f"{fmt(None if output is None else scores[best] - output, '.2f')}")
+        short = (f"PC1 {m['pc1_variance_without_dominant']:.0%}, rho {within:.2f}; readout {scores[best]:.2f}, beyond "
+                 f"the output {fmt(None if output is None else scores[best] - output, '.2f')}")
         not_pc1 = f"not on PC1 ({pc1_text} {m['pc1_variance_without_dominant']:.0%}; within a position on the graded " \
                   f"rows Spearman {within:.2f})"
         if readable == "above" and beyond == "above":
@@ -355,11 +355,11 @@ def frame_head(g):
                    f"({threshold:.3g} bits) under {' and '.join(read)}")
     if others:
         verdict += f" (not read by the rule, heads above it: {others})"
-    top = max(heads, key=lambda h: min(rises[m][h] for m in read))
-    shown = essential if 0 < len(essential) <= 2 else near if 0 < len(near) <= 2 else [top]
-    short = (f"{', '.join(shown)} +{min(min(rises[m][h] for m in read) for h in shown):.3g} bits"
-             f"{'' if len(shown) == len(essential or near or shown) else f' (of {len(essential or near)})'} "
-             f"({threshold:.3g} asked)")
+    least = lambda h: min(rises[m][h] for m in read)       # a head's smallest rise over the methods the rule reads
+    pool = essential or near or [max(heads, key=least)]     # the heads the outcome names, else the nearest one
+    shown = pool if len(pool) <= 2 else [max(pool, key=least)]
+    short = (f"{', '.join(shown)} +{min(least(h) for h in shown):.3g} bits"
+             f"{'' if len(shown) == len(pool) else f' (the largest of {len(pool)})'} ({threshold:.3g} asked)")
     return dict(headline=headline, controls=controls, verdict=verdict, outcome=outcome, margin=margin,
                 label=label(outcome, short),
                 decided_by=f"the KL rise under {' and '.join(read)} against the gap to a uniform guess")
@@ -428,7 +428,7 @@ def frame_precision(g):
                     f"{last:.2f}x already at step 0)")
     return dict(headline=headline, controls=controls, verdict=verdict, outcome=outcome, margin=margin,
                 label=label(outcome, f"KL {gain_kl:.3g}x after step {plateau}, still {still:.2g}, "
-                                     f"{len(as_early)} of {len(blocks)} blocks as early"),
+                                     f"{len(as_early)}/{len(blocks)} blocks earlier"),
                 decided_by="the change since initialisation, its stillness and the other weight blocks")
 
 
@@ -455,7 +455,7 @@ def state_clusters(g):
     tests = {"threshold": compare(c["nmi"], CLUSTER_NMI, c["nmi_se"]),
              "random initialisation": compare(c["nmi"], init_mean, ms.seed_sd(c["nmi_init_per_seed"])),
              "shuffled labels": compare(c["nmi"], c["nmi_shuffled_mean"], c["nmi_shuffled_sd"])}
-    nmi = f"NMI {c['nmi']:.2f} (init {init_mean:.2f}, shuffled {c['nmi_shuffled_mean']:.2f})"
+    nmi = f"NMI {c['nmi']:.2f} ({CLUSTER_NMI:g} asked; init {init_mean:.2f}, shuffled {c['nmi_shuffled_mean']:.2f})"
     margin = (f"NMI {c['nmi']:.2f} ± {fmt(c['nmi_se'], '.2f')} ({CLUSTER_NMI:g} asked), random initialisation "
               f"{init_mean:.2f} (sd {ms.seed_sd(c['nmi_init_per_seed']):.2f}), shuffled {c['nmi_shuffled_mean']:.2f}")
     if "below" in tests.values():
@@ -511,8 +511,9 @@ def judge(g, claims=None):
             share = f"{kl / uniform:.0%} of a uniform guess's {uniform:.3g}" if uniform > 0 else \
                 "where a uniform guess is exact: every answer's posterior is uniform"
             v = {**v, "outcome": "not judged", "decided_by": "the calibration gate",
-                 "label": label("not judged", f"KL {kl:.3g} bits, " + (f"{kl / uniform:.0%} of a uniform guess's"
-                                                                       if uniform > 0 else "uniform is exact")),
+                 "label": label("not judged", f"KL {kl:.3g} bits, " + (
+                     f"{kl / uniform:.0%} of a uniform guess's ({CALIBRATED:.0%} asked)" if uniform > 0
+                     else "a uniform guess is exact")),
                  "verdict": f"not judged: not calibrated (KL {kl:.3g} bits, {share}; the gate asks below "
                             f"{CALIBRATED:.0%} of the uniform guess's)"}
         out[claim] = {**v, "rule": RULES[claim]}

@@ -35,11 +35,36 @@ def test_labels_carry_the_deciding_numbers_by_hand():
     assert vd.key_frame({"authors": {"key_frame": key_frame_part(mean=0.30)}})["label"] == \
         "not supported: mean |cos| 0.300 (init 0.170), centred 0.100 (0.170)"
     judged = vd.judge(geometry(kl=0.5))
-    assert judged["key_frame"]["label"] == "not judged: KL 0.5 bits, 45% of a uniform guess's"
+    assert judged["key_frame"]["label"] == "not judged: KL 0.5 bits, 45% of a uniform guess's (10% asked)"
     assert judged["key_frame"]["verdict"].startswith("not judged: not calibrated")
     assert vd.judge(geometry())["state_clusters"]["label"] == \
         "supported: NMI 0.80, beyond the posterior's share 0.20 (0.1 asked)"
-    assert vd.lines({"key_frame": judged["key_frame"]}) == ["key_frame: not judged: KL 0.5 bits, 45% of a uniform guess's"]
+    assert vd.lines({"key_frame": judged["key_frame"]}) == \
+        ["key_frame: not judged: KL 0.5 bits, 45% of a uniform guess's (10% asked)"]
+    # the HMM's published case: NMI 0.18 against 0.5 asked, its controls near 0
+    low = vd.state_clusters({"clusters": cluster_part(nmi=0.18, init=(0.0, 0.0, 0.0), shuffled=(0.0, 0.001))})
+    assert low["label"] == "not supported: NMI 0.18 (0.5 asked; init 0.00, shuffled 0.00)"
+    # three essential heads and one near the threshold: the label names the largest essential one, not the near one
+    abl = ablation_part({"position_mean": [1.0, 1.2, 1.1, 0.5], "resample": [1.0, 1.2, 1.1, 0.5]})
+    for r in abl["methods"].values():                       # four heads in one layer
+        r["heads"] = [{"layer": 0, "head": h, "delta_kl_bits": d, "delta_kl_se_bits": 0.0}
+                      for h, d in enumerate([1.0, 1.2, 1.1, 0.5])]
+    assert vd.frame_head({"ablations": abl})["label"] == "supported: L0H1 +1.2 bits (the largest of 3) (0.5 asked)"
+
+
+def test_labels_stay_short_on_the_largest_inputs_the_presets_give():
+    """The paper presets' largest numbers: a frame settling at step 104,000 of 130,000 with 39 other blocks, a
+    model of 6 layers x 6 heads all aligned, six-digit KL rises: every label within LABEL_MAX (the fixture)."""
+    big = frame_part(plateau=104000, gain_kl=1.05, stillness=0.0012, blocks=tuple([104000] * 39))
+    big["steps"] = [100, 1000, 10000, 104000, 130000]
+    assert vd.frame_precision({"frame_precision": big})["label"] == \
+        "not supported: KL 1.05x after step 104000, still 0.0012, 39/39 blocks earlier"
+    heads = [(0.9, 0.01, 0.0)] * 6
+    sharp = vd.sharpening({"attention": attention([layer(heads)] * 6, [swap([0.6] * 6)] * 6)})
+    assert sharp["label"] == "supported: aligned: 36 heads of 36; by layer yes"
+    wide = vd.frame_head({"ablations": ablation_part({"position_mean": [123456.0, 0.1], "resample": [123456.0, 0.1]},
+                                                     uniform=123457.0, model=0.1)})
+    assert wide["label"] == "supported: L0H0 +1.23e+05 bits (6.17e+04 asked)"
 
 
 # ----------------------------------------------------------------------------
