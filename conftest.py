@@ -59,8 +59,58 @@ def checkout(tmp_path):
 
 
 
+DRAWN = set()          # the figure functions (plot_*) that some test of this session drew in its own process
+
+
+def figure_modules():
+    from dynamics import plots_dynamics
+    from geometry import plots_geometry
+    from harness import plots
+    return plots, plots_geometry, plots_dynamics
+
+
 @pytest.fixture(autouse=True)
 def figures_keep_their_rules(monkeypatch):
-    """Every figure a test draws in its own process keeps plots.figure_problems' rules (a ValueError if not)."""
-    from harness import plots
-    monkeypatch.setattr(plots, "STRICT", True)
+    """Every figure a test draws in its own process keeps plots.figure_problems' rules (a ValueError if not),
+    and the figure function that drew it is recorded (DRAWN: pytest_sessionfinish reads it)."""
+    import inspect
+    modules = figure_modules()
+    monkeypatch.setattr(modules[0], "STRICT", True)
+    save = modules[0]._save
+
+    def recorded(fig, path, dpi=120):
+        DRAWN.update(f.function for f in inspect.stack()[1:4] if f.function.startswith("plot_"))
+        return save(fig, path, dpi)
+    for module in modules:
+        if module._save is save:                   # a test's own stand-in for _save stays as it is
+            monkeypatch.setattr(module, "_save", recorded)
+
+
+def full_run(config):
+    """Is this session the README's command, python -m pytest -q from the repository's folder, selecting
+    nothing (so every test is collected)?"""
+    args, opt = tuple(config.invocation_params.args), config.option
+    return not (args not in ((), ("-q",)) or os.environ.get("BAYESATTN_CI_ONLY") == "1" or opt.keyword
+                or opt.markexpr or getattr(opt, "deselect", None) or os.environ.get("PYTEST_ADDOPTS")
+                or os.path.realpath(config.invocation_params.dir) != os.path.realpath(ROOT))
+
+
+@pytest.fixture
+def readme_command(request):
+    """True when this session is the README's whole test command (full_run)."""
+    return full_run(request.config)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """After the README's whole command: every figure function was drawn by some test in this process, so under
+    the figure rules; one that none drew fails the session, named (tests/test_figures.py indexes who draws each)."""
+    if exitstatus != 0 or not full_run(session.config):
+        return
+    import inspect
+    functions = {name for module in figure_modules() for name, f in inspect.getmembers(module, inspect.isfunction)
+                 if name.startswith("plot_") and f.__module__ == module.__name__}
+    missing = sorted(functions - DRAWN)
+    if missing:
+        session.config.get_terminal_writer().line(
+            f"figure functions no test drew in this process, so never checked by the figure rules: {missing}", red=True)
+        session.exitstatus = 1

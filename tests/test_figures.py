@@ -3,7 +3,9 @@ no two texts over each other, no series of one point without a marker, no legend
 matplotlib's own text extents whenever a test draws it in its own process (conftest.py sets plots.STRICT, and
 plots._save raises on a broken rule). Here: the index of where each figure function is drawn that way, so that
 a new figure function without a test that draws it fails, and the figures no other test draws in its process,
-drawn here with the longest labels they can be given."""
+drawn here with the longest labels they can be given. That each is in fact drawn is checked at the end of the
+README's whole command (conftest.py's pytest_sessionfinish fails the session naming any figure function no test
+drew in the tests' own process)."""
 
 import inspect
 import os
