@@ -69,6 +69,19 @@ def figure_modules():
     return plots, plots_geometry, plots_dynamics
 
 
+def figure_functions():
+    """The name of every function that draws a figure: plot_* of the three figure modules."""
+    import inspect
+    return {name for module in figure_modules() for name, f in inspect.getmembers(module, inspect.isfunction)
+            if name.startswith("plot_") and f.__module__ == module.__name__}
+
+
+@pytest.fixture
+def figure_function_names():
+    """figure_functions(), for a test."""
+    return figure_functions()
+
+
 @pytest.fixture(autouse=True)
 def figures_keep_their_rules(monkeypatch):
     """Every figure a test draws in its own process keeps plots.figure_problems' rules (a ValueError if not),
@@ -106,10 +119,7 @@ def pytest_sessionfinish(session, exitstatus):
     the figure rules; one that none drew fails the session, named (tests/test_figures.py indexes who draws each)."""
     if exitstatus != 0 or not full_run(session.config):
         return
-    import inspect
-    functions = {name for module in figure_modules() for name, f in inspect.getmembers(module, inspect.isfunction)
-                 if name.startswith("plot_") and f.__module__ == module.__name__}
-    missing = sorted(functions - DRAWN)
+    missing = sorted(figure_functions() - DRAWN)
     if missing:
         session.config.get_terminal_writer().line(
             f"figure functions no test drew in this process, so never checked by the figure rules: {missing}", red=True)

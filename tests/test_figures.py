@@ -7,14 +7,11 @@ drawn here with the longest labels they can be given. That each is in fact drawn
 README's whole command (conftest.py's pytest_sessionfinish fails the session naming any figure function no test
 drew in the tests' own process)."""
 
-import inspect
 import os
 import re
 
 import pytest
 
-from dynamics import plots_dynamics
-from geometry import plots_geometry
 from harness import plots
 from tunnels import hmm
 
@@ -49,18 +46,11 @@ DRAWN_BY = {
 }
 
 
-def figure_functions():
-    """The name of every function that draws a figure: plot_* of the three figure modules."""
-    return {name for module in (plots, plots_geometry, plots_dynamics)
-            for name, f in inspect.getmembers(module, inspect.isfunction)
-            if name.startswith("plot_") and f.__module__ == module.__name__}
-
-
-def test_every_figure_function_is_drawn_under_the_rules_by_a_named_test():
+def test_every_figure_function_is_drawn_under_the_rules_by_a_named_test(figure_function_names):
     """A figure function without a test drawing it in this process fails here; each named test exists."""
-    assert figure_functions() == set(DRAWN_BY), (
-        f"figure functions without a test that draws them: {sorted(figure_functions() - set(DRAWN_BY))}; "
-        f"names here that draw nothing any more: {sorted(set(DRAWN_BY) - figure_functions())}")
+    assert figure_function_names == set(DRAWN_BY), (
+        f"figure functions without a test that draws them: {sorted(figure_function_names - set(DRAWN_BY))}; "
+        f"names here that draw nothing any more: {sorted(set(DRAWN_BY) - figure_function_names)}")
     for name, test in DRAWN_BY.items():
         path, func = test.split("::")
         text = open(os.path.join(ROOT, path)).read()
