@@ -18,8 +18,10 @@ input's precision, f = x.dtype.type, so float32 stays float32. NUMBA_DISABLE_JIT
 kernel as the plain Python it is written in.
 """
 
+import ctypes
 import math
 import os
+import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import numba
@@ -68,6 +70,33 @@ def enabled():
     """A context: within it every op with a twin runs the twin (the fast path); after it, what ran before.
     A family whose module is first loaded inside the block joins it (add_twins)."""
     return layers.use_twins(twins())
+
+
+# ----------------------------------------------------------------------------
+# memory: glibc's malloc hands every block over 128 KiB (a step's activations and gradients, hundreds of
+# them) fresh pages from the kernel (mmap) and gives them back on free, so each such array costs a page
+# fault for every 4 KiB the first time it is written, step after step: a tenth of the step at the preset
+# shapes (`python -m bench.transformer --tricks`). Raising the threshold to glibc's ceiling keeps freed
+# blocks in the heap for the next step's arrays. Process-wide (PyTorch in the bench gets it too); elsewhere
+# than glibc, or with BAYESATTN_MALLOPT=0, nothing changes.
+
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3   # mallopt's parameter numbers (glibc's malloc.h)
+MMAP_THRESHOLD = 32 << 20                      # glibc's largest allowed on 64 bits: larger blocks are still mmapped
+TRIM_THRESHOLD = 256 << 20                     # free memory kept at the heap's top before it is given back
+
+
+def keep_freed_memory():
+    """Ask glibc to serve large arrays from the heap and keep what is freed (above). -> True if it took."""
+    if os.environ.get("BAYESATTN_MALLOPT", "1") == "0" or not sys.platform.startswith("linux"):
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt        # the C library this process already runs on
+    except AttributeError:                         # not glibc (musl has no mallopt)
+        return False
+    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+
+
+MALLOPT = keep_freed_memory()
 
 
 # ----------------------------------------------------------------------------
@@ -212,10 +241,13 @@ def embedding_backward(dx, cache):
 
 
 # ----------------------------------------------------------------------------
-# linear layer: BLAS runs with one thread; a large product is cut into blocks of rows, one BLAS
-# call per Numba thread (NumPy releases the GIL inside it, so the blocks run at the same time).
-# dW = x^T dout adds the blocks' partial sums, so its last bits depend on the thread count.
+# linear layer: BLAS runs with one thread (NumPy releases the GIL inside it, so two calls on two threads run
+# at the same time). Forward, a large product is cut into blocks of rows, one BLAS call per Numba thread;
+# backward, the layer's two products dx = dout W^T and dW = x^T dout (the same multiply-adds) run one on each
+# thread, each whole: faster than cutting both (`python -m bench.transformer`), and dW's bits do not depend on
+# the thread count. matmul_tn, cut by rows, adds its blocks' partial sums, so its last bits do.
 
+PRODUCTS = ("matmul", "matmul_tn", "matmul_pair")   # the layers' matrix products (the benches time them apart)
 SPLIT_FLOPS = 1 << 22      # multiply-adds; smaller products go to BLAS whole (handing out blocks costs more)
 _pool = None               # ThreadPoolExecutor, created on first use
 
@@ -230,12 +262,17 @@ def _split(N, K, M):
     return N * K * M >= SPLIT_FLOPS and numba.get_num_threads() > 1 and N > 0
 
 
-def _run_blocks(jobs):
-    """Run the calls in jobs, the first on this thread and the rest on the pool; wait for all."""
+def _submit(job):
+    """Start job() on the pool's thread(s) -> its future."""
     global _pool
     if _pool is None:
         _pool = ThreadPoolExecutor(max_workers=max(1, numba.config.NUMBA_NUM_THREADS - 1))
-    futures = [_pool.submit(job) for job in jobs[1:]]
+    return _pool.submit(job)
+
+
+def _run_blocks(jobs):
+    """Run the calls in jobs, the first on this thread and the rest on the pool; wait for all."""
+    futures = [_submit(job) for job in jobs[1:]]
     jobs[0]()
     for fut in futures:
         fut.result()
@@ -263,6 +300,18 @@ def matmul_tn(a, b):
     return part.sum(axis=0)
 
 
+def matmul_pair(a, b, x, y):
+    """(a @ b, x^T y), two independent products: when the first is large and there are two threads, the second
+    runs on the pool's thread while this one computes the first, each by one whole BLAS call (with more
+    threads, each is cut by rows)."""
+    if not _split(a.shape[0], a.shape[1], b.shape[1]):
+        return a @ b, x.T @ y
+    if numba.get_num_threads() > 2:              # more threads than products: each cut by rows
+        return matmul(a, b), matmul_tn(x, y)
+    second = _submit(lambda: x.T @ y)
+    return a @ b, second.result()
+
+
 
 def linear_forward(x, w, b):
     """Twin of layers.linear_forward."""
@@ -277,8 +326,8 @@ def linear_backward(dout, cache):
     Cin, Cout = w.shape
     x2 = np.ascontiguousarray(x.reshape(-1, Cin))
     d2 = np.ascontiguousarray(dout.reshape(-1, Cout))
-    dx = matmul(d2, w.T).reshape(x.shape)
-    return dx, matmul_tn(x2, d2), d2.sum(axis=0)
+    dx, dw = matmul_pair(d2, w.T, x2, d2)
+    return dx.reshape(x.shape), dw, d2.sum(axis=0)
 
 
 # ----------------------------------------------------------------------------

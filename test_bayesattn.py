@@ -328,12 +328,28 @@ def two_numba_threads():
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_split_matmuls_match_blas(dtype, monkeypatch):
-    """matmul / matmul_tn cut the rows into blocks, one BLAS call per thread. With the size threshold
-    at 0 every product is split: any row count, including fewer rows than threads, and a
-    transposed right factor must give the plain product."""
+    """matmul / matmul_tn cut the rows into blocks, one BLAS call per thread; matmul_pair runs its two
+    products one on each thread. With the size threshold at 0 every product is split: any row count,
+    including fewer rows than threads, and a transposed right factor must give the plain product."""
     monkeypatch.setattr(kernels, "SPLIT_FLOPS", 0)
     with two_numba_threads():
         _check_split_matmuls(dtype)
+
+
+def test_more_threads_than_products_cut_each_by_rows(monkeypatch):
+    """With three threads matmul_pair cuts each product into three row blocks (matmul, matmul_tn) instead of
+    running one product a thread: the same products."""
+    monkeypatch.setattr(kernels, "SPLIT_FLOPS", 0)
+    monkeypatch.setattr(kernels.numba, "get_num_threads", lambda: 3)
+    calls = []
+    for name in ("matmul", "matmul_tn"):
+        monkeypatch.setattr(kernels, name, lambda a, b, f=getattr(kernels, name), name=name: calls.append(name) or f(a, b))
+    rng = np.random.default_rng(10)
+    a, c, z = rng.normal(size=(7, 6)), rng.normal(size=(7, 4)), rng.normal(size=(5, 4))
+    dx, dw = kernels.matmul_pair(c, z.T, a, c)
+    assert calls == ["matmul", "matmul_tn"]
+    _close(dx, c @ z.T, np.float64)
+    _close(dw, a.T @ c, np.float64)
 
 
 def _check_split_matmuls(dtype):
@@ -346,6 +362,9 @@ def _check_split_matmuls(dtype):
         _close(out, a @ w, dtype)
         _close(kernels.matmul(c, z.T), c @ z.T, dtype)
         _close(tn, a.T @ c, dtype)
+        dx, dw = kernels.matmul_pair(c, z.T, a, c)             # a linear layer's backward: one product a thread
+        _close(dx, c @ z.T, dtype)
+        assert np.array_equal(dw, a.T @ c)                     # dW whole, by one call: the same bits as one thread
 
 
 def test_run_kernel_picks_threads_by_estimated_time():
@@ -362,6 +381,36 @@ def test_run_kernel_picks_threads_by_estimated_time():
         with pytest.raises(ZeroDivisionError):
             kernels.run_kernel(fails, 0, 0.0)
         assert numba.get_num_threads() == 2
+
+
+def _page_faults_of_steps(steps=5, arrays=20, mib=2):
+    """Minor page faults of steps 2..steps of a pretend training step: arrays of mib MiB made and written
+    through, all alive at once (a step's activations), then all freed."""
+    import resource
+    faults = 0
+    for step in range(steps):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        alive = [np.ones(mib << 18, dtype=np.float32) for _ in range(arrays)]
+        del alive
+        faults += (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) * (step > 0)
+    return faults
+
+
+@pytest.mark.skipif(not kernels.MALLOPT, reason="glibc's mallopt only (Linux)")
+def test_freed_arrays_are_reused_without_page_faults():
+    """kernels.keep_freed_memory: four more pretend steps of 20 arrays of 2 MiB reuse the first step's heap (a
+    few faults); under glibc's own rule (mmap for a block over 128 KiB, or, once one is freed, the heap given
+    back when its free top passes twice that) they fault again every step, about 512 times an array: 40,960.
+    Here under glibc's defaults, set again for the comparison, and the setting put back after it."""
+    assert _page_faults_of_steps() < 512
+    import ctypes
+    libc = ctypes.CDLL(None)
+    try:
+        assert libc.mallopt(kernels.M_MMAP_THRESHOLD, 128 << 10) and libc.mallopt(kernels.M_TRIM_THRESHOLD, 128 << 10)
+        libc.malloc_trim(0)
+        assert _page_faults_of_steps() > 4 * 20 * 400
+    finally:
+        assert kernels.keep_freed_memory()
 
 
 @pytest.mark.skipif(numba.config.DISABLE_JIT, reason="needs the compiled kernels' threads")

@@ -2,7 +2,7 @@
 
 Every op the step calls through the twin switch (layers.FAST: linear, LayerNorm, GELU, softmax, attention,
 the loss, the embedding, and each family's own ops, as the LSTM's and the SSM's recurrences), the layer
-products inside them (kernels.matmul, kernels.matmul_tn) and the optimiser's two calls (optim.clip_grad_norm,
+products inside them (kernels.PRODUCTS) and the optimiser's two calls (optim.clip_grad_norm,
 optim.adamw_step) are timed while the step runs, each call's time less the time of the timed calls inside it
 (its own, exclusive time), so the parts add up to the step: what no timed call holds is the rest (Python,
 the models' own arrays and copies between ops).
@@ -15,7 +15,7 @@ import layers
 import optim
 
 # a category per op, by its name; a family's own ops (its twins' names) are "the family's own ops"
-CATEGORIES = (("products", ("matmul", "matmul_tn")),
+CATEGORIES = (("products", kernels.PRODUCTS),
               ("attention", ("attention_forward", "attention_backward")),
               ("softmax", ("softmax",)),
               ("norms and GELU", ("layernorm_forward", "layernorm_backward", "gelu_forward", "gelu_backward")),
@@ -49,10 +49,11 @@ def exclusive_times(step, n=5):
                 inner[-1] += dt
         return call
     fast = dict(layers.FAST)
-    products = kernels.matmul, kernels.matmul_tn
+    products = {name: getattr(kernels, name) for name in kernels.PRODUCTS}
     opt = optim.clip_grad_norm, optim.adamw_step
     layers.FAST.update({k: timed(k, f) for k, f in fast.items()})
-    kernels.matmul, kernels.matmul_tn = timed("matmul", products[0]), timed("matmul_tn", products[1])
+    for name, f in products.items():
+        setattr(kernels, name, timed(name, f))
     optim.clip_grad_norm, optim.adamw_step = timed("clip_grad_norm", opt[0]), timed("adamw_step", opt[1])
     try:
         t0 = time.perf_counter()
@@ -62,7 +63,8 @@ def exclusive_times(step, n=5):
     finally:
         layers.FAST.clear()
         layers.FAST.update(fast)
-        kernels.matmul, kernels.matmul_tn = products
+        for name, f in products.items():
+            setattr(kernels, name, f)
         optim.clip_grad_norm, optim.adamw_step = opt
     return {k: v / n for k, v in totals.items()}, total
 

@@ -17,7 +17,7 @@ this shared machine falls on both; every number is a median over repeats, with t
 Also reported: our step with Numba held to one thread (the bijection paper preset trains that way);
 each Numba kernel against its NumPy reference at the training shapes; the step's
 GFLOP/s (matmul + attention flops counted analytically) beside a large float32 matmul (sgemm) on this
-machine; the step's layer products (its matmul and matmul_tn calls, recorded and run again alone)
+machine; the step's layer products (its kernels.PRODUCTS calls, recorded and run again alone)
 and what half the sgemm rate would leave for the rest of the step; the roofline line (bench/roofline.py:
 each op's own time inside a step, by category, against the 2-thread sgemm); Numba compile time (fresh cache
 against cached); peak resident memory of a training loop.
@@ -154,29 +154,43 @@ def ours_step(cfg, params, batch, family="transformer"):
     return step
 
 
-def step_products(step):
-    """Record one step's matrix products (every kernels.matmul and kernels.matmul_tn call, with its arrays).
-    -> (closure running those calls again and nothing else, their flops, the number of calls)."""
-    calls = []
-    originals = kernels.matmul, kernels.matmul_tn
+def product_flops(name, *args):
+    """Flops of one call of a kernels product: a (N, K) @ b (K, M) and a (N, K)^T b (N, M) are both N K M
+    multiply-adds; matmul_pair(a, b, x, y) is one of each."""
+    pairs = [args[:2], args[2:]] if name == "matmul_pair" else [args]
+    return sum(2 * a.shape[0] * a.shape[1] * b.shape[1] for a, b in pairs)
 
-    def recording(product):
-        def record(a, b):
-            calls.append((product, a, b))
-            return product(a, b)
+
+def step_products(step):
+    """Record one step's matrix products (every call of a kernels.PRODUCTS function, with its arrays; a product
+    called inside another counts once, in the outer). -> (closure running those calls again and nothing else,
+    their flops, the number of products, a matmul_pair counting two)."""
+    calls, depth = [], [0]
+    originals = {name: getattr(kernels, name) for name in kernels.PRODUCTS}
+
+    def recording(name, product):
+        def record(*args):
+            if not depth[0]:
+                calls.append((name, product, args))
+            depth[0] += 1
+            try:
+                return product(*args)
+            finally:
+                depth[0] -= 1
         return record
-    kernels.matmul, kernels.matmul_tn = recording(kernels.matmul), recording(kernels.matmul_tn)
+    for name, product in originals.items():
+        setattr(kernels, name, recording(name, product))
     try:
         step()
     finally:
-        kernels.matmul, kernels.matmul_tn = originals
-    # a (N, K) @ b (K, M) and a (N, K)^T b (N, M) are both N K M multiply-adds
-    flops = sum(2 * a.shape[0] * a.shape[1] * b.shape[1] for _, a, b in calls)
+        for name, product in originals.items():
+            setattr(kernels, name, product)
+    flops = sum(product_flops(name, *args) for name, _, args in calls)
 
     def replay():
-        for product, a, b in calls:
-            product(a, b)
-    return replay, flops, len(calls)
+        for _, product, args in calls:
+            product(*args)
+    return replay, flops, sum(2 if name == "matmul_pair" else 1 for name, _, _ in calls)
 
 
 # ----------------------------------------------------------------------------
@@ -448,6 +462,7 @@ def tricks(name, repeats):
             {}, "import kernels; kernels.PARALLEL_MIN_US = 0.0\n")
         out["products not split by rows"] = run({}, "import kernels; kernels.SPLIT_FLOPS = float('inf')\n")
         out["math.exp instead of exp32"] = run({"BAYESATTN_EXP32": "0"})
+        out["glibc's malloc thresholds (no keep_freed_memory)"] = run({"BAYESATTN_MALLOPT": "0"})
         out["the NumPy path (no twin at all)"] = run(
             {}, "import kernels, layers; kernels.enabled = lambda: layers.use_twins({})\n")
     return out
@@ -538,7 +553,7 @@ def bench(args):
         # warm, so whatever extra they cost inside a real step lands in "the rest".
         product_gflops = product_flops / np.median(times_products) / 1e9
         half_ms = 1e3 * flops / (0.5 * ceiling[2] * 1e9)
-        print(f"  the step's {n_products} layer products alone (matmul, matmul_tn; attention's own products "
+        print(f"  the step's {n_products} layer products alone (kernels.PRODUCTS; attention's own products "
               f"count in the rest): {median_ms(times_products):.2f} ms "
               f"({spread(times_products)})  {product_gflops:.1f} GFLOP/s = {100 * product_gflops / ceiling[2]:.0f}% "
               f"of 2-thread sgemm; at 50% a step takes {half_ms:.1f} ms, which leaves "

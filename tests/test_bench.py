@@ -10,7 +10,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository's folder
 LAST_LINE = re.compile(r"worst ratio ours/torch: (nan|\d+\.\d+)")
-PRODUCTS_LINE = re.compile(r"  the step's (\d+) layer products alone \(matmul, matmul_tn; attention's own products "
+PRODUCTS_LINE = re.compile(r"  the step's (\d+) layer products alone \(kernels\.PRODUCTS; attention's own products "
                            r"count in the rest\): \d+\.\d\d ms \(IQR .*\)  \d+\.\d GFLOP/s = \d+% of 2-thread "
                            r"sgemm; at 50% a step takes \d+\.\d ms, which leaves -?\d+\.\d ms for the rest "
                            r"\(now -?\d+\.\d ms\)")
@@ -69,7 +69,7 @@ def test_step_products_records_the_layer_products_and_restores_matmul():
     with kernels.enabled():                                   # the products are the fast path's (kernels.matmul)
         replay, flops, calls = bench.step_products(step)
     assert layers.FAST == before                              # the switch is off again
-    assert kernels.matmul.__name__ == "matmul" and kernels.matmul_tn.__name__ == "matmul_tn"     # restored
+    assert all(getattr(kernels, name).__name__ == name for name in kernels.PRODUCTS)            # restored
     assert calls == 18 * cfg.n_layers + 3
     B, T = batch["tokens"].shape
     assert flops == ba.step_flops(cfg, B, T) - ba.attention_flops(cfg, B, T)      # every layer product
@@ -81,10 +81,10 @@ def test_step_products_records_the_layer_products_and_restores_matmul():
     def failing_step():
         kernels.matmul(np.ones((2, 2)), np.ones((2, 2)))
         raise RuntimeError("boom")
-    originals = kernels.matmul, kernels.matmul_tn
+    originals = [getattr(kernels, name) for name in kernels.PRODUCTS]
     with pytest.raises(RuntimeError):
         bench.step_products(failing_step)
-    assert (kernels.matmul, kernels.matmul_tn) == originals                 # restored after an exception too
+    assert [getattr(kernels, name) for name in kernels.PRODUCTS] == originals   # restored after an exception too
 
 
 def test_main_leaves_the_switch_as_it_found_it(monkeypatch):
