@@ -37,7 +37,8 @@ NUMPY_ERRORS = "numpy"   # error_model of a kernel that divides inside its loop:
                          # instead of Numba's check that raises, a branch that stops the loop vectorising (the
                          # LSTM's sigmoid ran 26x slower with it)
 TWINS = ("embedding_backward", "linear_forward", "linear_backward", "layernorm_forward", "layernorm_backward",
-         "gelu_forward", "gelu_backward", "softmax", "cross_entropy", "attention_forward", "attention_backward")
+         "gelu_forward", "gelu_backward", "softmax", "cross_entropy", "attention_forward", "attention_backward",
+         "adamw_update")
 
 
 FAMILY_TWINS = {}   # op name -> twin, from the families' twins modules (add_twins)
@@ -671,3 +672,32 @@ def cross_entropy(logits, targets, mask):
         p = np.ascontiguousarray(targets.reshape(-1, K), dtype=logits.dtype)
         rows, dz = run_kernel(cross_entropy_kernel, z.size, 3.0, z, p, w, wsum)
     return float(rows.sum()), dz.reshape(B, T, K)
+
+
+# ----------------------------------------------------------------------------
+# AdamW: one pass over a tensor instead of NumPy's ten, the same operations in the same order (no fastmath:
+# no fused multiply-add), so the same bits
+
+@njit(cache=True, error_model=NUMPY_ERRORS)
+def adamw_update_kernel(p, g, m, v, lr, beta1, beta2, c1, c2, eps, lr_wd):
+    """optim.adamw_update on flat arrays, with c1 = 1 - beta1^t, c2 = 1 - beta2^t and lr_wd = lr * weight decay."""
+    f = p.dtype.type
+    for n in range(p.size):
+        gn = g[n]
+        mn = f(beta1) * m[n] + f(1 - beta1) * gn
+        vn = f(beta2) * v[n] + f(1 - beta2) * gn * gn
+        m[n], v[n] = mn, vn
+        pn = p[n] - f(lr_wd) * p[n] if lr_wd != 0 else p[n]
+        p[n] = pn - f(lr) * (mn / f(c1)) / (np.sqrt(vn / f(c2)) + f(eps))
+
+
+def adamw_update(p, g, m, v, lr, beta1, beta2, t, eps, weight_decay):
+    """Twin of optim.adamw_update. Arrays it cannot update through a flat view (not C-contiguous) are updated as
+    contiguous copies, copied back."""
+    if not (p.flags.c_contiguous and m.flags.c_contiguous and v.flags.c_contiguous):
+        copies = [np.ascontiguousarray(a) for a in (p, m, v)]
+        adamw_update(copies[0], g, *copies[1:], lr, beta1, beta2, t, eps, weight_decay)
+        p[...], m[...], v[...] = copies
+        return
+    adamw_update_kernel(p.reshape(-1), np.ascontiguousarray(g).reshape(-1), m.reshape(-1), v.reshape(-1), lr, beta1,
+                        beta2, 1 - beta1 ** t, 1 - beta2 ** t, eps, lr * weight_decay)

@@ -7,6 +7,8 @@ import math
 
 import numpy as np
 
+from layers import twin
+
 
 def adamw_init(params):
     return {"t": 0,
@@ -16,27 +18,32 @@ def adamw_init(params):
 
 def adamw_step(params, grads, state, lr, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.0,
                decay=None, lr_scale=None):
-    """One AdamW step, in place on params and state:
-        m = b1 m + (1 - b1) g,  v = b2 v + (1 - b2) g^2,  mhat = m / (1 - b1^t),  vhat = v / (1 - b2^t)
-        p = p - lr * (mhat / (sqrt(vhat) + eps) + wd * p)      (wd only on the names in decay)
+    """One AdamW step, in place on params and state: adamw_update on every tensor, with
     decay: the set of parameter names that take weight decay (models.decay_set: the family's rule); None:
     every matrix (two or more axes), no vector or gain.
     lr_scale: optional dict name -> factor multiplying lr for that tensor (two-timescale schedules)."""
     state["t"] += 1
-    t = state["t"]
     for name, p in params.items():
-        gr = grads[name]
-        m, v = state["m"][name], state["v"][name]
-        m *= beta1
-        m += (1 - beta1) * gr
-        v *= beta2
-        v += (1 - beta2) * gr * gr
-        mhat = m / (1 - beta1 ** t)
-        vhat = v / (1 - beta2 ** t)
         step_lr = lr * (lr_scale.get(name, 1.0) if lr_scale else 1.0)
-        if weight_decay and (name in decay if decay is not None else p.ndim >= 2):
-            p -= step_lr * weight_decay * p
-        p -= step_lr * mhat / (np.sqrt(vhat) + eps)
+        decays = weight_decay and (name in decay if decay is not None else p.ndim >= 2)
+        adamw_update(p, grads[name], state["m"][name], state["v"][name], step_lr, beta1, beta2, state["t"], eps,
+                     weight_decay if decays else 0.0)
+
+
+@twin
+def adamw_update(p, g, m, v, lr, beta1, beta2, t, eps, weight_decay):
+    """One tensor's AdamW update at step t (from 1), in place on p, m and v:
+        m = b1 m + (1 - b1) g,  v = b2 v + (1 - b2) g^2,  mhat = m / (1 - b1^t),  vhat = v / (1 - b2^t)
+        p = p - lr * (mhat / (sqrt(vhat) + eps) + wd * p)"""
+    m *= beta1
+    m += (1 - beta1) * g
+    v *= beta2
+    v += (1 - beta2) * g * g
+    mhat = m / (1 - beta1 ** t)
+    vhat = v / (1 - beta2 ** t)
+    if weight_decay:
+        p -= lr * weight_decay * p
+    p -= lr * mhat / (np.sqrt(vhat) + eps)
 
 
 def clip_grad_norm(grads, max_norm):

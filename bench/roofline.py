@@ -22,7 +22,7 @@ CATEGORIES = (("products", kernels.PRODUCTS),
               ("the loss", ("cross_entropy",)),
               ("embedding", ("embedding_forward", "embedding_backward")),
               ("linear, outside its product (bias, reshapes)", ("linear_forward", "linear_backward")),
-              ("the optimiser", ("clip_grad_norm", "adamw_step")))
+              ("the optimiser", ("clip_grad_norm", "adamw_step", "adamw_update")))
 OWN = "the family's own ops"
 REST = "the rest (Python, the models' arrays, copies)"
 

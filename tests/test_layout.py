@@ -20,6 +20,8 @@ import bayesattn as ba
 import kernels
 import layers
 import models
+import optim
+import training
 from tunnels import tasks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository's folder
@@ -273,7 +275,12 @@ def test_the_switch_chooses_the_code_that_runs(monkeypatch):
     assert called == []
     with kernels.enabled():
         loss_fast, grads_fast = models.loss_and_grads("transformer", params, tokens, targets, mask, cfg)
-    assert set(called) == set(kernels.TWINS) - {"softmax"}  # the model fuses its softmax into attention
+    assert set(called) == set(kernels.TWINS) - {"softmax", "adamw_update"}  # the model fuses its softmax into
+    del called[:]                                                            # attention; AdamW is the step's
+    with kernels.enabled():
+        training.train_step(lambda *a: models.loss_and_grads("transformer", *a, cfg), params, optim.adamw_init(params),
+                            tokens, targets, mask, 1e-3)
+    assert set(called) == set(kernels.TWINS) - {"softmax"}
     assert loss_fast == pytest.approx(loss_numpy, rel=1e-12)
     for name in params:
         np.testing.assert_allclose(grads_fast[name], grads_numpy[name], rtol=1e-9, atol=1e-12, err_msg=name)
@@ -290,7 +297,7 @@ def test_the_switch_does_not_leak(monkeypatch):
     def ops_run_numpy():
         """Each op's dispatch lands on its NumPy function, and calling one runs no twin."""
         for name in kernels.TWINS:
-            op = getattr(layers, name, None) or getattr(ba, name)
+            op = getattr(layers, name, None) or getattr(ba, name, None) or getattr(optim, name)
             assert layers.FAST.get(name, op.numpy) is op.numpy, name
         del called[:]
         np.testing.assert_allclose(layers.softmax(x), [[0.25, 0.75]])
