@@ -257,7 +257,7 @@ def attention_forward(q, k, v):
     T, hs = q.shape[-2], q.shape[-1]
     s = q @ np.swapaxes(k, -1, -2) / math.sqrt(hs)                # (B, NH, T, T)  s_ij = q_i . k_j / sqrt(hs)
     causal = np.tril(np.ones((T, T), dtype=bool))
-    alpha = ly.softmax.numpy(np.where(causal, s, -np.inf))         # (B, NH, T, T)  the responsibilities
+    alpha = ly.softmax(np.where(causal, s, -np.inf))         # (B, NH, T, T)  the responsibilities
     return alpha @ v, alpha                                        # o_i = sum_j alpha_ij v_j
 
 

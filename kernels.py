@@ -1,9 +1,9 @@
-"""kernels: the fast twins of the ops in layers.py and bayesattn.py, same names, same signatures, and the
+"""kernels: the fast twins of the ops in layers.py, bayesattn.py and optim.py, same names, same signatures, and the
 one switch that runs them with every family's own twins.
 
-Numba loops for the ops NumPy runs slowly (LayerNorm, GELU, softmax, the causal attention and its
-E-step/M-step backward, softmax + cross-entropy, the embedding's scatter-add), and the matrix
-products of the linear layer split by rows over threads. Each twin computes what its NumPy op's
+Numba loops for the ops NumPy runs slowly (LayerNorm, GELU, the causal attention with its softmax and its
+E-step/M-step backward, softmax + cross-entropy, the embedding's scatter-add, AdamW's update), and the
+matrix products of the linear layer spread over threads. Each twin computes what its NumPy op's
 docstring says; test_bayesattn.py checks every pair against each other and by finite differences.
 `with enabled():` runs the models on these twins inside the block (train.py does, unless --kernels
 numpy) and restores the switch after it. A family's twins live beside it in its own module (the family's
@@ -37,7 +37,7 @@ NUMPY_ERRORS = "numpy"   # error_model of a kernel that divides inside its loop:
                          # instead of Numba's check that raises, a branch that stops the loop vectorising (the
                          # LSTM's sigmoid ran 26x slower with it)
 TWINS = ("embedding_backward", "linear_forward", "linear_backward", "layernorm_forward", "layernorm_backward",
-         "gelu_forward", "gelu_backward", "softmax", "cross_entropy", "attention_forward", "attention_backward",
+         "gelu_forward", "gelu_backward", "cross_entropy", "attention_forward", "attention_backward",
          "adamw_update")
 
 
@@ -103,7 +103,7 @@ MALLOPT = keep_freed_memory()
 # ----------------------------------------------------------------------------
 # e^x: Numba compiles math.exp to one C-library call per element, which never runs 8 lanes at a
 # time. exp32 is e^x in float32 from multiply-adds, a rounding and an integer shift, which the
-# compiler does vectorise (GELU, softmax and the attention forward are several times faster).
+# compiler does vectorise (GELU, the attention's softmax and the loss are several times faster).
 
 LOG2E = 1.4426950408889634         # 1 / ln 2
 LN2_HI = 0.693145751953125         # ln 2 = LN2_HI + LN2_LO; LN2_HI = 22713 / 2^15 has 15 significant
@@ -469,37 +469,6 @@ def gelu_backward(dy, cache):
     x2 = np.ascontiguousarray(x.reshape(-1, x.shape[-1]))
     dy2 = np.ascontiguousarray(dy.reshape(x2.shape))
     return run_kernel(gelu_backward_kernel, x2.size, 1.6, dy2, x2).reshape(dy.shape)
-
-
-# ----------------------------------------------------------------------------
-# softmax
-
-@njit(cache=True, parallel=True, fastmath=FASTMATH)
-def softmax_kernel(s):
-    """s (N, K) -> rows of probabilities, as layers.softmax."""
-    N, K = s.shape
-    f = s.dtype.type
-    p = np.empty_like(s)
-    for n in prange(N):
-        mx = s[n, 0]
-        for k in range(1, K):
-            mx = max(mx, s[n, k])
-        z = f(0)
-        for k in range(K):
-            e = fast_exp(s[n, k] - mx)
-            p[n, k] = e
-            z += e
-        rz = f(1) / z
-        for k in range(K):
-            p[n, k] *= rz
-    return p
-
-
-
-def softmax(s):
-    """Twin of layers.softmax."""
-    s2 = np.ascontiguousarray(s.reshape(-1, s.shape[-1]))
-    return run_kernel(softmax_kernel, s2.size, 1.6, s2).reshape(s.shape)
 
 
 # ----------------------------------------------------------------------------

@@ -615,7 +615,7 @@ def uniform_kl_bits(batch):
 def lens_proba(params, x):
     """Residual stream x (..., C) -> predictive distribution (..., K) of the final LN + unembedding."""
     xf, _ = ly.layernorm_forward(x, params["lnf.g"], params["lnf.b"])
-    return ly.softmax.numpy((xf @ params["unembed.w"] + params["unembed.b"]).astype(np.float64))
+    return ly.softmax((xf @ params["unembed.w"] + params["unembed.b"]).astype(np.float64))
 
 
 def calibration(q, post):
@@ -677,7 +677,7 @@ def ablated_calibration(params, cfg, batch, layer=None, heads=(), method="zero",
                 o[:, h] = r
             return o
     logits, _ = ba.forward(params, batch["tokens"], cfg, patch=patch)
-    q, post = ly.softmax.numpy(logits[:, cols].astype(np.float64)), batch["posterior"][:, cols]
+    q, post = ly.softmax(logits[:, cols].astype(np.float64)), batch["posterior"][:, cols]
     return {**calibration(q, post), "kl_by_sequence": wt.kl_bits(post, q).mean(1)}   # (n,) for the noise
 
 
@@ -747,7 +747,7 @@ def snapshot_state(params, cfg, batch, task):
     cols = supervised_columns(batch)
     logits, cache = ba.forward(params, batch["tokens"], cfg)
     post = batch["posterior"][:, cols]
-    state = calibration(ly.softmax.numpy(logits[:, cols].astype(np.float64)), post)
+    state = calibration(ly.softmax(logits[:, cols].astype(np.float64)), post)
     att = attention_probe(cache, batch, task, cfg)
     state["attention_entropy_bits"] = [l["entropy_bits_mean"] for l in att["layers"]]
     state["consistent_mass"] = [float(np.mean(l["consistent_mass"])) for l in att["layers"]]

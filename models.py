@@ -162,7 +162,7 @@ def predict_proba(name, params, tokens, cfg, batch=256):
     out = []
     for i in range(0, len(tokens), batch):
         logits, _ = forward(name, params, tokens[i:i + batch], cfg)
-        out.append(ly.softmax.numpy(logits.astype(np.float64)))
+        out.append(ly.softmax(logits.astype(np.float64)))
     return np.concatenate(out)
 
 

@@ -1,6 +1,6 @@
 """roofline: where one training step's time goes, op by op, for any family: the split the benches print.
 
-Every op the step calls through the twin switch (layers.FAST: linear, LayerNorm, GELU, softmax, attention,
+Every op the step calls through the twin switch (layers.FAST: linear, LayerNorm, GELU, attention,
 the loss, the embedding, and each family's own ops, as the LSTM's and the SSM's recurrences), the layer
 products inside them (kernels.PRODUCTS) and the optimiser's two calls (optim.clip_grad_norm,
 optim.adamw_step) are timed while the step runs, each call's time less the time of the timed calls inside it
@@ -17,7 +17,6 @@ import optim
 # a category per op, by its name; a family's own ops (its twins' names) are "the family's own ops"
 CATEGORIES = (("products", kernels.PRODUCTS),
               ("attention", ("attention_forward", "attention_backward")),
-              ("softmax", ("softmax",)),
               ("norms and GELU", ("layernorm_forward", "layernorm_backward", "gelu_forward", "gelu_backward")),
               ("the loss", ("cross_entropy",)),
               ("embedding", ("embedding_forward", "embedding_backward")),

@@ -272,13 +272,23 @@ def kernel_cases(cfg, batch):
     B, T = batch["tokens"].shape
     N, C, M, K, NH = B * T, cfg.d_model, cfg.d_mlp, cfg.n_classes, cfg.n_heads
     r = lambda *s: rng.normal(size=s).astype(np.float32)
+    tensors = [(r(*shape), r(*shape), np.zeros(shape, np.float32), np.zeros(shape, np.float32))
+               for shape in ba.param_shapes(cfg).values()]                    # AdamW: p, g, m, v of every tensor
+    n_params = sum(p.size for p, _, _, _ in tensors)
+
+    def adamw(update):                                     # one AdamW step over every tensor, weight decay on all
+        for p, g, m, v in tensors:
+            update(p, g, m, v, LR, 0.9, 0.98, 1, 1e-8, WEIGHT_DECAY)
+
+    def adamw_kernel(p, g, m, v, lr, beta1, beta2, t, eps, wd):
+        K_.adamw_update_kernel(p.reshape(-1), g.reshape(-1), m.reshape(-1), v.reshape(-1), lr, beta1, beta2,
+                               1 - beta1 ** t, 1 - beta2 ** t, eps, lr * wd)
     q, k, v, u = (r(B, NH, T, C // NH) for _ in range(4))
     _, alpha = ba.attention_forward.numpy(q, k, v)
     alpha = alpha.astype(np.float32)
     x, g, b, dy, h, dh = r(N, C), r(C), r(C), r(N, C), r(N, M), r(N, M)
     _, ln_cache = K_.layernorm_forward(x, g, b)
     mean, rstd = ln_cache[1:3]
-    s = r(B * NH * T, T) * 3                               # rows of attention scores
     logits, t, w = r(B, T, K), batch["targets"], batch["mask"]
     z, wf = logits.reshape(-1, K), w.reshape(-1).astype(np.float64)
     tf = t.reshape(-1).astype(np.int64)
@@ -292,7 +302,6 @@ def kernel_cases(cfg, batch):
         f"attention bwd {q.shape}": (lambda: K_.attention_backward(u, alpha, q, k, v),
                                      lambda: K_.attention_backward_kernel(u, alpha, q, k, v),
                                      lambda: ba.attention_backward.numpy(u, alpha, q, k, v)),
-        f"softmax {s.shape}": (lambda: K_.softmax(s), lambda: K_.softmax_kernel(s), lambda: layers.softmax.numpy(s)),
         f"layernorm fwd {x.shape}": (lambda: K_.layernorm_forward(x, g, b),
                                      lambda: K_.layernorm_forward_kernel(x, g, b, layers.LN_EPS),
                                      lambda: layers.layernorm_forward.numpy(x, g, b)),
@@ -309,6 +318,8 @@ def kernel_cases(cfg, batch):
         f"cross-entropy {logits.shape}": (lambda: K_.cross_entropy(logits, t, w),
                                           lambda: K_.cross_entropy_hard_kernel(z, tf, wf, float(wf.sum())),
                                           lambda: layers.cross_entropy.numpy(logits, t, w)),
+        f"adamw ({n_params} parameters)": (lambda: adamw(K_.adamw_update), lambda: adamw(adamw_kernel),
+                                           lambda: adamw(optim.adamw_update.numpy)),
     }
 
 

@@ -199,7 +199,7 @@ def evaluate_vs_bayes(params, sigma=1.0, n=8, T=2000, seed=EVAL_SEED, reference=
     """The model's held-out cross-entropy against the exact Bayes predictor's and H(Y_{t+1} | Y_t), and the
     KL(posterior || model), all in bits per token. reference: exact_bayes_reference's output, to reuse."""
     x, targets, posterior, ref = reference or exact_bayes_reference(sigma, n, T, seed)
-    q = np.concatenate([ly.softmax.numpy(head_forward(params, x[b:b + 1])[0].astype(np.float64))
+    q = np.concatenate([ly.softmax(head_forward(params, x[b:b + 1])[0].astype(np.float64))
                         for b in range(len(x))])                 # (n, T, K) model predictive, one chain at a time
     model_ce = float(-np.log2(np.maximum(np.take_along_axis(q, targets[..., None], axis=-1), wt.TINY)).mean())
     return dict(loss_bits=model_ce, excess_ce_bits=model_ce - ref["bayes_loss_bits"],
@@ -483,7 +483,7 @@ def deep_variant(seeds=SEEDS, steps=1000, lr=DEEP_LR, T=2000, chain="exact", thr
             if not out_dir:
                 finished(result, steps)
             t0 -= prior
-            q = ly.softmax.numpy(deep_forward(params, x_test, cfg)[0].astype(np.float64))    # (1, T, K)
+            q = ly.softmax(deep_forward(params, x_test, cfg)[0].astype(np.float64))    # (1, T, K)
             post = sticky.posterior_batch(P, mu, x_test, 1.0)                          # (1, T, K)
             ce = lambda p: float(-np.log2(np.maximum(np.take_along_axis(p, y_test[..., None], -1), wt.TINY)).mean())
             rows.append(dict(seed=seed, train_loss_final_bits=losses[-1], test_loss_bits=ce(q),

@@ -97,7 +97,7 @@ def _analyze(checkpoint_path, fig_dir, n_seqs, seed):
     if ran("sharpening"):
         att = attention_probe(cache, batch, task, cfg)
         att["query_swap"] = query_swap(params, cfg, batch, task, seed=seed)
-    man, xy = (manifold_probe(cache, batch, task, proba=softmax.numpy(logits.astype(np.float64)))
+    man, xy = (manifold_probe(cache, batch, task, proba=softmax(logits.astype(np.float64)))
                if ran("manifold") else (None, None))
     lens = logit_lens(params, cache, batch)
     abl = ablations(params, cfg, batch, clean=cache)
@@ -187,7 +187,7 @@ def _state_probes(checkpoint_path, params, cfg, meta, task, settings, batch, n_s
     if not isinstance(cache, dict) or "resid" not in cache or "xf" not in cache:
         raise ValueError(f"the probes read the streams cache['resid'] and cache['xf'], which --model {name}'s "
                          f"forward does not keep")
-    proba = softmax.numpy(logits.astype(np.float64))
+    proba = softmax(logits.astype(np.float64))
     cols = supervised_columns(batch)
     calibration_now = calibration(proba[:, cols], batch["posterior"][:, cols])
     skip = skip or {}

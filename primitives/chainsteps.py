@@ -100,7 +100,7 @@ def final_states(family, params, cfg, tokens, batch=256):
     for i in range(0, len(tokens), batch):
         logits, cache = models.forward(family, params, tokens[i:i + batch], cfg)
         xs.append(cache["xf"].astype(np.float64))
-        qs.append(softmax.numpy(logits.astype(np.float64)))
+        qs.append(softmax(logits.astype(np.float64)))
     return np.concatenate(xs), np.concatenate(qs)
 
 

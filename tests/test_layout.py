@@ -275,12 +275,12 @@ def test_the_switch_chooses_the_code_that_runs(monkeypatch):
     assert called == []
     with kernels.enabled():
         loss_fast, grads_fast = models.loss_and_grads("transformer", params, tokens, targets, mask, cfg)
-    assert set(called) == set(kernels.TWINS) - {"softmax", "adamw_update"}  # the model fuses its softmax into
-    del called[:]                                                            # attention; AdamW is the step's
+    assert set(called) == set(kernels.TWINS) - {"adamw_update"}              # AdamW is the training step's
+    del called[:]
     with kernels.enabled():
         training.train_step(lambda *a: models.loss_and_grads("transformer", *a, cfg), params, optim.adamw_init(params),
                             tokens, targets, mask, 1e-3)
-    assert set(called) == set(kernels.TWINS) - {"softmax"}
+    assert set(called) == set(kernels.TWINS)
     assert loss_fast == pytest.approx(loss_numpy, rel=1e-12)
     for name in params:
         np.testing.assert_allclose(grads_fast[name], grads_numpy[name], rtol=1e-9, atol=1e-12, err_msg=name)
@@ -292,7 +292,8 @@ def test_the_switch_does_not_leak(monkeypatch):
     before = dict(layers.FAST)
     called = []
     spy_on_twins(monkeypatch, called)
-    x = np.array([[0.0, np.log(3.0)]])                          # softmax: (1/4, 3/4)
+    x = np.array([[0.0, 1.0, -2.0]])
+    gelu = layers.gelu_forward.numpy(x)[0]                      # 0, 0.841..., -0.045...
 
     def ops_run_numpy():
         """Each op's dispatch lands on its NumPy function, and calling one runs no twin."""
@@ -300,14 +301,14 @@ def test_the_switch_does_not_leak(monkeypatch):
             op = getattr(layers, name, None) or getattr(ba, name, None) or getattr(optim, name)
             assert layers.FAST.get(name, op.numpy) is op.numpy, name
         del called[:]
-        np.testing.assert_allclose(layers.softmax(x), [[0.25, 0.75]])
+        np.testing.assert_allclose(layers.gelu_forward(x)[0], gelu)
         assert called == []
 
     with kernels.enabled():
         assert set(layers.FAST) == set(kernels.twins())      # kernels.py's and the loaded families' twins
         assert all(layers.FAST[name] is getattr(kernels, name) for name in kernels.TWINS)
-        np.testing.assert_allclose(layers.softmax(x), [[0.25, 0.75]])
-        assert called == ["softmax"]
+        np.testing.assert_allclose(layers.gelu_forward(x)[0], gelu, rtol=1e-12)
+        assert called == ["gelu_forward"]
         with layers.use_twins({}):                              # the NumPy path inside the fast one
             assert layers.FAST == {}
             ops_run_numpy()
@@ -324,12 +325,12 @@ def test_the_switch_does_not_leak(monkeypatch):
     if not before:
         ops_run_numpy()
 
-    marker = lambda s: layers.softmax.numpy(s)                  # a switch that was on before is on after
-    with layers.use_twins({"softmax": marker}):
+    marker = lambda x: layers.gelu_forward.numpy(x)                  # a switch that was on before is on after
+    with layers.use_twins({"gelu_forward": marker}):
         with pytest.raises(KeyError):
             with kernels.enabled():
                 raise KeyError("again")
-        assert layers.FAST == {"softmax": marker} and layers.FAST["softmax"] is marker
+        assert layers.FAST == {"gelu_forward": marker} and layers.FAST["gelu_forward"] is marker
     assert layers.FAST == before
 
 
@@ -338,19 +339,19 @@ def test_train_main_leaves_the_switch_and_threads_as_it_found_them(tmp_path):
     after a run and after a run that fails inside the switch (an --out that cannot be made)."""
     import train
     before = dict(layers.FAST)
-    marker = lambda s: layers.softmax.numpy(s)                  # a state train.main cannot have made itself
+    marker = lambda x: layers.gelu_forward.numpy(x)                  # a state train.main cannot have made itself
     threads = numba.get_num_threads()
     quick = ["--preset", "quick", "--steps", "2", "--no-baseline", "--no-geometry", "--quiet", "--eval-seqs", "8",
              "--threads", "1"]
-    with layers.use_twins({"softmax": marker}):
+    with layers.use_twins({"gelu_forward": marker}):
         train.main(quick + ["--out", str(tmp_path / "r")])
-        assert layers.FAST == {"softmax": marker} and layers.FAST["softmax"] is marker
+        assert layers.FAST == {"gelu_forward": marker} and layers.FAST["gelu_forward"] is marker
         assert numba.get_num_threads() == threads
         (tmp_path / "a-file").write_text("")
         with pytest.raises(SystemExit) as e:                    # fails after the switch is on
             train.main(quick + ["--out", str(tmp_path / "a-file" / "r")])
         assert e.value.code == 2
-        assert layers.FAST == {"softmax": marker} and layers.FAST["softmax"] is marker
+        assert layers.FAST == {"gelu_forward": marker} and layers.FAST["gelu_forward"] is marker
         assert numba.get_num_threads() == threads
     assert (tmp_path / "r" / "metrics.json").exists()
     assert layers.FAST == before

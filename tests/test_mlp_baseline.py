@@ -137,7 +137,7 @@ def test_predict_proba():
     p = models.predict_proba("prefix-mlp", params, tokens, mcfg, batch=2)     # three chunks
     assert p.shape == (5, 5, 3) and p.dtype == np.float64
     np.testing.assert_allclose(p.sum(-1), 1.0)
-    np.testing.assert_allclose(p, layers.softmax.numpy(mb.forward(params, tokens, mcfg)[0]), rtol=1e-12)
+    np.testing.assert_allclose(p, layers.softmax(mb.forward(params, tokens, mcfg)[0]), rtol=1e-12)
 
 
 def test_float32_stays_float32():
