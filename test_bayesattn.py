@@ -259,8 +259,10 @@ def test_kernels_match_references(dtype):
     _close(o, o_ref, dtype)
     _close(alpha, alpha_ref, dtype)
     for a, e in zip(kernels.attention_backward(u, alpha, q, k, v), ba.attention_backward.numpy(u, alpha, q, k, v)):
-        assert a.dtype == dtype
+        assert a.dtype == dtype and a.shape == e.shape
         _close(a, e, dtype)
+        assert np.shares_memory(ba.merge_heads(a), a)     # the twin's heads sit side by side: merging copies nothing
+    assert np.shares_memory(ba.merge_heads(o), o) and not np.shares_memory(ba.merge_heads(o_ref), o_ref)
     # LayerNorm backward sums dg, db over 16 row blocks: 100 rows puts several rows in each block
     x2, dy2 = r(100, 24), r(100, 24)
     _, cache2 = kernels.layernorm_forward(x2, g, b)
@@ -459,10 +461,10 @@ def _check_one_thread_matches_all():
     assert np.array_equal(kernels.gelu_backward(dy, x), kernels.gelu_backward_kernel(dy, x))
     q, k, v, u = (rng.normal(size=(2, 2, 9, 4)).astype(np.float32) for _ in range(4))
     o, alpha = kernels.attention_forward(q, k, v)
-    for a, e in zip((o, alpha), kernels.attention_forward_kernel(q, k, v)):
-        assert np.array_equal(a, e)
+    o_all, alpha_all = kernels.attention_forward_kernel(q, k, v)
+    assert np.array_equal(o, kernels.heads_view(o_all)) and np.array_equal(alpha, alpha_all)
     for a, e in zip(kernels.attention_backward(u, alpha, q, k, v), kernels.attention_backward_kernel(u, alpha, q, k, v)):
-        assert np.array_equal(a, e)
+        assert np.array_equal(a, kernels.heads_view(e))
     logits, targets = x[:, :5].reshape(3, 100, 5).copy(), rng.integers(0, 5, (3, 100))
     mask = (rng.random((3, 100)) < 0.7).astype(np.float64)
     loss, dz = kernels.cross_entropy(logits, targets, mask)
