@@ -198,15 +198,15 @@ def sigmoid_backward(ds, cache):
 
 @twin
 def gelu_forward(x):
-    """x (..., M) -> y (..., M), cache x."""
-    return 0.5 * x * (1.0 + np.tanh(GELU_C * (x + 0.044715 * x ** 3))), x
+    """x (..., M) -> y (..., M), cache (x, tanh z): the backward needs tanh z again."""
+    t = np.tanh(GELU_C * (x + 0.044715 * x ** 3))
+    return 0.5 * x * (1.0 + t), (x, t)
 
 
 @twin
 def gelu_backward(dy, cache):
-    """cache = x. dy/dx = 0.5 (1 + tanh z) + 0.5 x (1 - tanh^2 z) dz/dx,  dz/dx = c (1 + 3 * 0.044715 x^2)."""
-    x = cache
-    t = np.tanh(GELU_C * (x + 0.044715 * x ** 3))
+    """cache = (x, tanh z). dy/dx = 0.5 (1 + tanh z) + 0.5 x (1 - tanh^2 z) dz/dx,  dz/dx = c (1 + 3 * 0.044715 x^2)."""
+    x, t = cache
     dz = GELU_C * (1.0 + 3 * 0.044715 * x ** 2)
     return dy * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * dz)
 

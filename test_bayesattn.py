@@ -243,8 +243,11 @@ def test_kernels_match_references(dtype):
     for a, e in zip(*pair("layernorm_backward", dy, cache)):
         assert a.dtype == dtype
         _close(a, e, dtype)
-    _close(kernels.gelu_forward(x)[0], layers.gelu_forward.numpy(x)[0], dtype)
-    _close(kernels.gelu_backward(dy, x), layers.gelu_backward.numpy(dy, x), dtype)      # the cache is x
+    (y, (x_k, t_k)), (y_ref, (x_ref, t_ref)) = pair("gelu_forward", x)
+    assert x_k is x and x_ref is x and t_k.shape == t_ref.shape == x.shape             # the cache is (x, tanh z)
+    for a, e in ((y, y_ref), (t_k, t_ref), (kernels.gelu_backward(dy, (x, t_k)), layers.gelu_backward.numpy(dy, (x, t_ref)))):
+        assert a.dtype == dtype
+        _close(a, e, dtype)
     w, bias = r(24, 5), r(5)
     (out, lin_cache), (out_ref, lin_cache_ref) = pair("linear_forward", x, w, bias)
     _close(out, out_ref, dtype)
@@ -457,8 +460,9 @@ def _check_one_thread_matches_all():
     for a, e in zip(kernels.layernorm_backward(dy.reshape(3, 100, 24), cache),
                     kernels.layernorm_backward_kernel(dy, x, mean, rstd, g)):
         assert np.array_equal(a.reshape(e.shape), e)
-    assert np.array_equal(kernels.gelu_forward(h)[0], kernels.gelu_forward_kernel(h))
-    assert np.array_equal(kernels.gelu_backward(dy, x), kernels.gelu_backward_kernel(dy, x))
+    y_h, (_, t_h) = kernels.gelu_forward(h)
+    assert all(np.array_equal(a, e) for a, e in zip((y_h, t_h), kernels.gelu_forward_kernel(h)))
+    assert np.array_equal(kernels.gelu_backward(dy, (x, x)), kernels.gelu_backward_kernel(dy, x, x))
     q, k, v, u = (rng.normal(size=(2, 2, 9, 4)).astype(np.float32) for _ in range(4))
     o, alpha = kernels.attention_forward(q, k, v)
     o_all, alpha_all = kernels.attention_forward_kernel(q, k, v)
@@ -496,7 +500,7 @@ def test_each_parallel_kernel_has_one_parallel_loop():
     w, hard, soft = np.ones(40), np.zeros(40, dtype=np.int64), np.full((40, 8), 1 / 8, dtype=np.float32)
     cases = [(kernels.layernorm_forward_kernel, (x, g, b, layers.LN_EPS)),
              (kernels.layernorm_backward_kernel, (dy, x, mean, rstd, g)),
-             (kernels.gelu_forward_kernel, (x,)), (kernels.gelu_backward_kernel, (dy, x)),
+             (kernels.gelu_forward_kernel, (x,)), (kernels.gelu_backward_kernel, (dy, x, x)),
              (kernels.attention_forward_kernel, (q, q, q)), (kernels.attention_backward_kernel, (q, alpha, q, q, q)),
              (kernels.cross_entropy_hard_kernel, (x, hard, w, 40.0)), (kernels.cross_entropy_kernel, (x, soft, w, 40.0))]
     for kernel, args in cases:
