@@ -512,23 +512,22 @@ def attention_forward_kernel(q, k, v):
 @njit(cache=True, parallel=True, fastmath=FASTMATH)
 def attention_backward_kernel(u, alpha, q, k, v):
     """bayesattn.attention_backward as loops (the E-step and M-step fused). Each (batch, head) owns its dq, dk, dv.
-    q, k (B, NH, T, hs); v, u (B, NH, T, hv): the values may be wider than the keys (dynamics/onehead.py).
-    dq, dk, dv come out as (B, T, NH, .), the heads side by side (the wrapper hands on (B, NH, T, .) views)."""
+    q, k (B, NH, T, hs); v, u (B, NH, T, hv): the values may be wider than the keys (dynamics/onehead.py)."""
     B, NH, T, hs = q.shape
     hv = v.shape[3]
     f = q.dtype.type
-    dq = np.empty((B, T, NH, hs), dtype=q.dtype)
-    dk = np.empty((B, T, NH, hs), dtype=q.dtype)
-    dv = np.empty((B, T, NH, hv), dtype=q.dtype)
+    dq = np.empty_like(q)
+    dk = np.empty_like(k)
+    dv = np.empty_like(v)
     scale = f(1.0 / math.sqrt(hs))
     for bh in prange(B * NH):
         bb, h = bh // NH, bh % NH
         for t in range(T):
             for c in range(hs):
-                dq[bb, t, h, c] = f(0)
-                dk[bb, t, h, c] = f(0)
+                dq[bb, h, t, c] = f(0)
+                dk[bb, h, t, c] = f(0)
             for c in range(hv):
-                dv[bb, t, h, c] = f(0)
+                dv[bb, h, t, c] = f(0)
         b = np.empty(T, dtype=q.dtype)
         for i in range(T):
             # b_ij = u_i . v_j and b_bar_i = sum_j alpha_ij b_ij
@@ -543,17 +542,17 @@ def attention_backward_kernel(u, alpha, q, k, v):
                 a = alpha[bb, h, i, j]
                 ds = a * (b[j] - b_bar)                     # E-step: advantage routing law
                 for c in range(hv):
-                    dv[bb, j, h, c] += a * u[bb, h, i, c]   # M-step: dv_j += alpha_ij u_i
+                    dv[bb, h, j, c] += a * u[bb, h, i, c]   # M-step: dv_j += alpha_ij u_i
                 for c in range(hs):
-                    dq[bb, i, h, c] += ds * k[bb, h, j, c] * scale   # dq_i += ds_ij k_j / sqrt(hs)
-                    dk[bb, j, h, c] += ds * q[bb, h, i, c] * scale   # dk_j += ds_ij q_i / sqrt(hs)
+                    dq[bb, h, i, c] += ds * k[bb, h, j, c] * scale   # dq_i += ds_ij k_j / sqrt(hs)
+                    dk[bb, h, j, c] += ds * q[bb, h, i, c] * scale   # dk_j += ds_ij q_i / sqrt(hs)
     return dq, dk, dv
 
 
 
 def heads_view(x):
-    """(B, T, NH, hs) -> the (B, NH, T, hs) view of it: merging the heads back (bayesattn.merge_heads) is then free,
-    where a contiguous (B, NH, T, hs) array is copied."""
+    """(B, T, NH, hs) -> the (B, NH, T, hs) view of it: merging the heads back (bayesattn.merge_heads, before W_o) is
+    then free, where a contiguous (B, NH, T, hs) array is copied."""
     return x.transpose(0, 2, 1, 3)
 
 
@@ -564,9 +563,9 @@ def attention_forward(q, k, v):
 
 
 def attention_backward(u, alpha, q, k, v):
-    """Twin of bayesattn.attention_backward."""
-    grads = run_kernel(attention_backward_kernel, q.size * (q.shape[2] + 1) / 2, 0.5, u, alpha, q, k, v)
-    return tuple(heads_view(d) for d in grads)
+    """Twin of bayesattn.attention_backward. (Its outputs stay (B, NH, T, .) arrays: written as the heads side by
+    side, the kernel ran 15-30% slower, `python -m bench.transformer`.)"""
+    return run_kernel(attention_backward_kernel, q.size * (q.shape[2] + 1) / 2, 0.5, u, alpha, q, k, v)
 
 
 # ----------------------------------------------------------------------------
