@@ -249,7 +249,9 @@ def embedding_backward(dx, cache):
 # the thread count. matmul_tn, cut by rows, adds its blocks' partial sums, so its last bits do.
 
 PRODUCTS = ("matmul", "matmul_tn", "matmul_pair")   # the layers' matrix products (the benches time them apart)
-SPLIT_FLOPS = 1 << 22      # multiply-adds; smaller products go to BLAS whole (handing out blocks costs more)
+SPLIT_FLOPS = 1 << 25      # multiply-adds: a smaller product goes to BLAS whole (handing out row blocks costs more)
+PAIR_FLOPS = 1 << 24       # the same for matmul_pair's products side by side; both read off the products' table
+                           # of the preset shapes, `python -m bench.transformer --products` (docs/PERFORMANCE.md)
 _pool = None               # ThreadPoolExecutor, created on first use
 
 
@@ -258,9 +260,9 @@ def _blocks(N):
     return [(N * c // nt, N * (c + 1) // nt) for c in range(nt)]
 
 
-def _split(N, K, M):
-    """Is an (N, K) @ (K, M) product worth cutting into row blocks?"""
-    return N * K * M >= SPLIT_FLOPS and numba.get_num_threads() > 1 and N > 0
+def _split(N, K, M, threshold=None):
+    """Is an (N, K) @ (K, M) product worth cutting into row blocks (or, with threshold PAIR_FLOPS, worth a thread)?"""
+    return N * K * M >= (SPLIT_FLOPS if threshold is None else threshold) and numba.get_num_threads() > 1 and N > 0
 
 
 def _submit(job):
@@ -305,7 +307,7 @@ def matmul_pair(a, b, x, y):
     """(a @ b, x^T y), two independent products: when the first is large and there are two threads, the second
     runs on the pool's thread while this one computes the first, each by one whole BLAS call (with more
     threads, each is cut by rows)."""
-    if not _split(a.shape[0], a.shape[1], b.shape[1]):
+    if not _split(a.shape[0], a.shape[1], b.shape[1], PAIR_FLOPS):
         return a @ b, x.T @ y
     if numba.get_num_threads() > 2:              # more threads than products: each cut by rows
         return matmul(a, b), matmul_tn(x, y)

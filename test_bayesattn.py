@@ -359,6 +359,7 @@ def test_split_matmuls_match_blas(dtype, monkeypatch):
     products one on each thread. With the size threshold at 0 every product is split: any row count,
     including fewer rows than threads, and a transposed right factor must give the plain product."""
     monkeypatch.setattr(kernels, "SPLIT_FLOPS", 0)
+    monkeypatch.setattr(kernels, "PAIR_FLOPS", 0)
     with two_numba_threads():
         _check_split_matmuls(dtype)
 
@@ -367,6 +368,7 @@ def test_more_threads_than_products_cut_each_by_rows(monkeypatch):
     """With three threads matmul_pair cuts each product into three row blocks (matmul, matmul_tn) instead of
     running one product a thread: the same products."""
     monkeypatch.setattr(kernels, "SPLIT_FLOPS", 0)
+    monkeypatch.setattr(kernels, "PAIR_FLOPS", 0)
     monkeypatch.setattr(kernels.numba, "get_num_threads", lambda: 3)
     calls = []
     for name in ("matmul", "matmul_tn"):

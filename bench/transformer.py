@@ -5,6 +5,7 @@
     python -m bench.transformer --shapes hmm-paper --repeats 60
     python -m bench.transformer --shapes bij-b256         # the earlier bijection paper preset (batch 256)
     python -m bench.transformer --tricks                 # what each speed trick of kernels.py buys, per shape
+    python -m bench.transformer --products               # each layer product on one thread against as the step runs it
     python -m bench.transformer --sgemm                  # only the machine's one-thread sgemm (seconds): scale the documents' times
 
 A step is training.train_step, the step train.py takes (models.loss_and_grads, clip_grad_norm, adamw_step),
@@ -161,7 +162,7 @@ def product_flops(name, *args):
     return sum(2 * a.shape[0] * a.shape[1] * b.shape[1] for a, b in pairs)
 
 
-def step_products(step):
+def step_products(step, keep_calls=False):
     """Record one step's matrix products (every call of a kernels.PRODUCTS function, with its arrays; a product
     called inside another counts once, in the outer). -> (closure running those calls again and nothing else,
     their flops, the number of products, a matmul_pair counting two)."""
@@ -190,7 +191,8 @@ def step_products(step):
     def replay():
         for _, product, args in calls:
             product(*args)
-    return replay, flops, sum(2 if name == "matmul_pair" else 1 for name, _, _ in calls)
+    counted = sum(2 if name == "matmul_pair" else 1 for name, _, _ in calls)
+    return (replay, flops, counted, calls) if keep_calls else (replay, flops, counted)
 
 
 # ----------------------------------------------------------------------------
@@ -430,6 +432,8 @@ def parse_args(argv=None):
     p.add_argument("--shapes", help=f"comma-separated subset of {', '.join(SHAPES)}")
     p.add_argument("--profile", action="store_true", help="also print cProfile's hottest functions of our step")
     p.add_argument("--tricks", action="store_true", help="only: the step without each speed trick of kernels.py")
+    p.add_argument("--products", action="store_true",
+                   help="only: each layer product of a step, one whole BLAS call against as the step runs it")
     p.add_argument("--sgemm", action="store_true", help="only: this machine's one-thread 2048x2048 float32 sgemm "
                    "in GFLOP/s (seconds), to scale the documents' times")
     args = p.parse_args(argv)
@@ -473,11 +477,39 @@ def tricks(name, repeats):
         out["every kernel on all threads (no run_kernel choice)"] = run(
             {}, "import kernels; kernels.PARALLEL_MIN_US = 0.0\n")
         out["products not split by rows"] = run({}, "import kernels; kernels.SPLIT_FLOPS = float('inf')\n")
+        out["a layer's two backward products not side by side"] = run(
+            {}, "import kernels; kernels.PAIR_FLOPS = float('inf')\n")
         out["math.exp instead of exp32"] = run({"BAYESATTN_EXP32": "0"})
         out["glibc's malloc thresholds (no keep_freed_memory)"] = run({"BAYESATTN_MALLOPT": "0"})
         out["the NumPy path (no twin at all)"] = run(
             {}, "import kernels, layers; kernels.enabled = lambda: layers.use_twins({})\n")
     return out
+
+
+def product_table(name, repeats):
+    """Every distinct layer product of one step at a shape (kernels.PRODUCTS calls, step_products), timed as the
+    step runs it (cut by rows, or a pair side by side, where kernels' thresholds say) against one whole BLAS call
+    a product on this thread, alternated: -> [(call, multiply-adds of its (first) product, whole ms, as called ms)].
+    The thresholds SPLIT_FLOPS and PAIR_FLOPS are read off this table."""
+    cfg, params, batch = setup(name)
+    _, _, _, calls = step_products(ours_step(cfg, params, batch), keep_calls=True)
+    seen, rows = set(), []
+    for product_name, product, args in calls:
+        key = (product_name,) + tuple(a.shape for a in args)
+        if key in seen:
+            continue
+        seen.add(key)
+        if product_name == "matmul_pair":
+            whole = lambda a=args: (a[0] @ a[1], a[2].T @ a[3])
+        elif product_name == "matmul_tn":
+            whole = lambda a=args: a[0].T @ a[1]
+        else:
+            whole = lambda a=args: a[0] @ a[1]
+        t_whole, t_called = interleaved([whole, lambda p=product, a=args: p(*a)], repeats, warmup=3)
+        shapes = " x ".join(f"{a.shape[0]}x{a.shape[1]}" for a in args)
+        first = args[0].shape[0] * args[0].shape[1] * args[1].shape[1]    # what the thresholds are compared with
+        rows.append((f"{product_name}({shapes})", first, median_ms(t_whole), median_ms(t_called)))
+    return rows
 
 
 def profile_step(step, n=10):
@@ -505,6 +537,17 @@ def bench(args):
     if args.sgemm:                                         # the number the documents' times are scaled by
         print(f"sgemm 2048x2048 float32, 1 BLAS thread (best of 3 runs): {max(sgemm_gflops(1, 2048, 7) for _ in range(3)):.0f} "
               f"GFLOP/s  ({load()})")
+        return
+    if args.products:
+        print(f"python -m bench.transformer --products  {load()}  numba {numba.__version__} "
+              f"({numba.get_num_threads()} threads)  repeats {args.repeats}; kernels.SPLIT_FLOPS = {kernels.SPLIT_FLOPS:,}, "
+              f"PAIR_FLOPS = {kernels.PAIR_FLOPS:,} multiply-adds")
+        for name in args.shapes:
+            print(f"{name}:")
+            for call, madds, whole, called in product_table(name, args.repeats):
+                print(f"  {call:50s} {madds / 1e6:6.1f} M multiply-adds a product  whole, one thread {whole:7.3f} ms  "
+                      f"as the step runs it {called:7.3f} ms  ({whole / called:.2f}x)")
+        print(f"({load()})")
         return
     if args.tricks:
         print(f"python -m bench.transformer --tricks  {load()}  numba {numba.__version__} ({numba.config.NUMBA_NUM_THREADS} threads)  "
