@@ -87,6 +87,24 @@ def test_step_products_records_the_layer_products_and_restores_matmul():
     assert [getattr(kernels, name) for name in kernels.PRODUCTS] == originals   # restored after an exception too
 
 
+def test_the_products_table_lists_each_distinct_product_once(monkeypatch):
+    """--products: at a tiny shape, one row per distinct product of a step (a transformer of one layer: forward
+    q/k/v/o and the unembedding share a shape, the MLP's two; backward the pairs likewise), each with the
+    multiply-adds of its first product and two positive times; a product called inside a pair (more threads
+    than two cut each by rows) is not a row of its own."""
+    from bench import transformer as bench
+    import kernels
+    monkeypatch.setitem(bench.SHAPES, "one-layer", dict(task="bijection", V=6, width=16, layers=1, heads=2, batch=4))
+    with kernels.enabled():
+        rows = bench.product_table("one-layer", 2)
+    calls = [call for call, _, _, _ in rows]
+    assert len(calls) == len(set(calls))
+    assert sum(c.startswith("matmul(") for c in calls) == 4 and sum(c.startswith("matmul_pair(") for c in calls) == 4
+    N = int(calls[0].split("(")[1].split("x")[0])                # the step's rows, B T
+    assert ("matmul(%dx16 x 16x64)" % N, N * 16 * 64) in [(c, m) for c, m, _, _ in rows]
+    assert all(w > 0 and c > 0 for _, _, w, c in rows)
+
+
 def test_main_leaves_the_switch_as_it_found_it(monkeypatch):
     """bench.main runs the benchmark inside `with kernels.enabled():` and turns the switch back after it,
     also when the benchmark fails."""
