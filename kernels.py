@@ -427,52 +427,56 @@ def layernorm_backward(dy, cache):
 
 @njit(cache=True, parallel=True, fastmath=FASTMATH)
 def gelu_forward_kernel(x):
-    """x (N, M) -> y (N, M) of layers.gelu_forward and tanh z, as y = x s with s = 1 / (1 + exp(-2z)) = (1 + tanh z) / 2."""
+    """x (N, M) -> y (N, M) of layers.gelu_forward, as y = x s with s = 1 / (1 + exp(-2z)) = (1 + tanh z) / 2,
+    and s, which the backward reads."""
     N, M = x.shape
     f = x.dtype.type
     c, a, one = f(GELU_C), f(0.044715), f(1)
     y = np.empty_like(x)
-    t = np.empty_like(x)
+    sig = np.empty_like(x)
     for n in prange(N):
         for m in range(M):
             xi = x[n, m]
             z = c * (xi + a * xi * xi * xi)
             s = one / (one + fast_exp(-(z + z)))
             y[n, m] = xi * s
-            t[n, m] = s + s - one                           # tanh z
-    return y, t
+            sig[n, m] = s
+    return y, sig
 
 
 @njit(cache=True, parallel=True, fastmath=FASTMATH)
-def gelu_backward_kernel(dy, x, t):
-    """layers.gelu_backward as a loop, from x and the forward's tanh z."""
+def gelu_backward_kernel(dy, x, sig):
+    """layers.gelu_backward as a loop, from x and the forward's s = sigma(2z) = (1 + tanh z) / 2, since
+    1 - tanh^2 z = 4 s (1 - s): dy/dx = s + 2 x s (1 - s) dz."""
     N, M = x.shape
     f = x.dtype.type
-    c, a, one, half = f(GELU_C), f(0.044715), f(1), f(0.5)
+    c, a, one = f(GELU_C), f(0.044715), f(1)
     dx = np.empty_like(x)
     for n in prange(N):
         for m in range(M):
-            xi, ti = x[n, m], t[n, m]
+            xi, s = x[n, m], sig[n, m]
             dz = c * (one + f(3) * a * xi * xi)
-            dx[n, m] = dy[n, m] * (half * (one + ti) + half * xi * (one - ti * ti) * dz)
+            dx[n, m] = dy[n, m] * (s + f(2) * xi * s * (one - s) * dz)
     return dx
 
 
 
 def gelu_forward(x):
-    """Twin of layers.gelu_forward (cache: x, tanh z)."""
+    """Twin of layers.gelu_forward. Its cache holds x and s = (1 + tanh z) / 2 where the NumPy op's holds tanh z
+    (the twin's backward reads s, so the twins' bits are those of the backward that computed s itself; a cache
+    goes only to the backward of its own path)."""
     x2 = np.ascontiguousarray(x.reshape(-1, x.shape[-1]))
-    y, t = run_kernel(gelu_forward_kernel, x2.size, 1.5, x2)
-    return y.reshape(x.shape), (x, t.reshape(x.shape))
+    y, s = run_kernel(gelu_forward_kernel, x2.size, 1.5, x2)
+    return y.reshape(x.shape), (x, s.reshape(x.shape))
 
 
 def gelu_backward(dy, cache):
-    """Twin of layers.gelu_backward."""
-    x, t = cache
+    """Twin of layers.gelu_backward, on the twin's cache (x, s)."""
+    x, s = cache
     x2 = np.ascontiguousarray(x.reshape(-1, x.shape[-1]))
-    t2 = np.ascontiguousarray(t.reshape(x2.shape))
+    s2 = np.ascontiguousarray(s.reshape(x2.shape))
     dy2 = np.ascontiguousarray(dy.reshape(x2.shape))
-    return run_kernel(gelu_backward_kernel, x2.size, 0.6, dy2, x2, t2).reshape(dy.shape)
+    return run_kernel(gelu_backward_kernel, x2.size, 0.6, dy2, x2, s2).reshape(dy.shape)
 
 
 # ----------------------------------------------------------------------------

@@ -290,6 +290,7 @@ def kernel_cases(cfg, batch):
     alpha = alpha.astype(np.float32)
     x, g, b, dy, h, dh = r(N, C), r(C), r(C), r(N, C), r(N, M), r(N, M)
     th = np.tanh(h)                                        # GELU's cached tanh z: any values in (-1, 1) do
+    sh = (1 + th) / 2                                      # the twin's cache holds s = (1 + tanh z) / 2
     _, ln_cache = K_.layernorm_forward(x, g, b)
     mean, rstd = ln_cache[1:3]
     logits, t, w = r(B, T, K), batch["targets"], batch["mask"]
@@ -313,7 +314,7 @@ def kernel_cases(cfg, batch):
                                      lambda: layers.layernorm_backward.numpy(dy, ln_cache)),
         f"gelu fwd {h.shape}": (lambda: K_.gelu_forward(h), lambda: K_.gelu_forward_kernel(h),
                                 lambda: layers.gelu_forward.numpy(h)),
-        f"gelu bwd {h.shape}": (lambda: K_.gelu_backward(dh, (h, th)), lambda: K_.gelu_backward_kernel(dh, h, th),
+        f"gelu bwd {h.shape}": (lambda: K_.gelu_backward(dh, (h, sh)), lambda: K_.gelu_backward_kernel(dh, h, sh),
                                 lambda: layers.gelu_backward.numpy(dh, (h, th))),
         f"scatter-add {x.shape}": (lambda: K_.embedding_backward(dx3, (tokens, cfg.vocab_size)),
                                    lambda: K_.scatter_add_kernel(x, idx, cfg.vocab_size),
