@@ -42,7 +42,7 @@ def test_every_walkthrough_command_runs(checkout):
     tmp_path = pathlib.Path(checkout)                         # a scratch checkout: the commands run as written
     for block in blocks():
         script = re.sub(r"^python ", sys.executable + " ", block, flags=re.M)
-        # the one long run (exercise 9's recall, about 8 minutes) runs at the quick preset here: that it runs and
+        # the one long run (exercise 9's recall, about 3 minutes on two cores) runs at the quick preset here: that it runs and
         # writes its groups is checked; its numbers are RESULTS.md's, from a run of the command as written
         script = script.replace("--task recall ", "--task recall --preset quick ")
         script = script.replace("--task hops ", "--task hops --preset quick ")              # exercise 10 likewise
