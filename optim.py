@@ -18,7 +18,7 @@ def adamw_init(params):
 
 def adamw_step(params, grads, state, lr, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.0,
                decay=None, lr_scale=None):
-    """One AdamW step, in place on params and state: adamw_update on every tensor, with
+    """One AdamW step, in place on params and state: adamw_update (its formula) on every tensor.
     decay: the set of parameter names that take weight decay (models.decay_set: the family's rule); None:
     every matrix (two or more axes), no vector or gain.
     lr_scale: optional dict name -> factor multiplying lr for that tensor (two-timescale schedules)."""
