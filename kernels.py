@@ -245,8 +245,9 @@ def embedding_backward(dx, cache):
 # linear layer: BLAS runs with one thread (NumPy releases the GIL inside it, so two calls on two threads run
 # at the same time). Forward, a large product is cut into blocks of rows, one BLAS call per Numba thread;
 # backward, the layer's two products dx = dout W^T and dW = x^T dout (the same multiply-adds) run one on each
-# thread, each whole: faster than cutting both (`python -m bench.transformer --tricks`), and dW's bits do not depend on
-# the thread count. matmul_tn, cut by rows, adds its blocks' partial sums, so its last bits do.
+# thread, each whole: faster than cutting both (`python -m bench.transformer --tricks`), and on one or two threads
+# dW's bits do not depend on the thread count. matmul_tn, cut by rows, adds its blocks' partial sums, so its last
+# bits do (matmul_pair cuts its products so on more than two threads).
 
 PRODUCTS = ("matmul", "matmul_tn", "matmul_pair")   # the layers' matrix products (the benches time them apart)
 SPLIT_FLOPS = 1 << 25      # multiply-adds: a smaller product goes to BLAS whole (handing out row blocks costs more)
@@ -304,13 +305,14 @@ def matmul_tn(a, b):
 
 
 def matmul_pair(a, b, x, y):
-    """(a @ b, x^T y), two independent products: when the first is large and there are two threads, the second
-    runs on the pool's thread while this one computes the first, each by one whole BLAS call (with more
-    threads, each is cut by rows)."""
-    if not _split(a.shape[0], a.shape[1], b.shape[1], PAIR_FLOPS):
-        return a @ b, x.T @ y
-    if numba.get_num_threads() > 2:              # more threads than products: each cut by rows
+    """(a @ b, x^T y), two independent products: when the first is large, the second runs on the pool's thread
+    while this one computes the first, each by one whole BLAS call. With more than two threads, products large
+    enough to cut (SPLIT_FLOPS) are each cut by rows instead."""
+    N, K, M = a.shape[0], a.shape[1], b.shape[1]
+    if numba.get_num_threads() > 2 and _split(N, K, M):     # more threads than products
         return matmul(a, b), matmul_tn(x, y)
+    if not _split(N, K, M, PAIR_FLOPS):
+        return a @ b, x.T @ y
     second = _submit(lambda: x.T @ y)
     return a @ b, second.result()
 
@@ -427,8 +429,8 @@ def layernorm_backward(dy, cache):
 
 @njit(cache=True, parallel=True, fastmath=FASTMATH)
 def gelu_forward_kernel(x):
-    """x (N, M) -> y (N, M) of layers.gelu_forward, as y = x s with s = 1 / (1 + exp(-2z)) = (1 + tanh z) / 2,
-    and s, which the backward reads."""
+    """x (N, M) -> y (N, M) of layers.gelu_forward, as y = x / (1 + exp(-2z)), and s = 1 / (1 + exp(-2z)) =
+    (1 + tanh z) / 2, which the backward reads."""
     N, M = x.shape
     f = x.dtype.type
     c, a, one = f(GELU_C), f(0.044715), f(1)
@@ -438,9 +440,9 @@ def gelu_forward_kernel(x):
         for m in range(M):
             xi = x[n, m]
             z = c * (xi + a * xi * xi * xi)
-            s = one / (one + fast_exp(-(z + z)))
-            y[n, m] = xi * s
-            sig[n, m] = s
+            d = one + fast_exp(-(z + z))
+            y[n, m] = xi / d                    # x / d, not x * (1 / d): another rounding, other bits
+            sig[n, m] = one / d
     return y, sig
 
 
@@ -665,25 +667,29 @@ def cross_entropy(logits, targets, mask):
 # no fused multiply-add), so the same bits
 
 @njit(cache=True, error_model=NUMPY_ERRORS)
-def adamw_update_kernel(p, g, m, v, lr, beta1, beta2, c1, c2, eps, lr_wd):
-    """optim.adamw_update on flat arrays, with c1 = 1 - beta1^t, c2 = 1 - beta2^t and lr_wd = lr * weight decay."""
+def adamw_update_kernel(p, g, m, v, lr, beta1, beta2, c1, c2, eps, weight_decay):
+    """optim.adamw_update on flat arrays, with c1 = 1 - beta1^t and c2 = 1 - beta2^t."""
     f = p.dtype.type
+    lr_wd = lr * weight_decay
     for n in range(p.size):
         gn = g[n]
         mn = f(beta1) * m[n] + f(1 - beta1) * gn
         vn = f(beta2) * v[n] + f(1 - beta2) * gn * gn
         m[n], v[n] = mn, vn
-        pn = p[n] - f(lr_wd) * p[n] if lr_wd != 0 else p[n]
+        pn = p[n] - f(lr_wd) * p[n] if weight_decay != 0 else p[n]     # as the NumPy op: at lr 0 too
         p[n] = pn - f(lr) * (mn / f(c1)) / (np.sqrt(vn / f(c2)) + f(eps))
 
 
 def adamw_update(p, g, m, v, lr, beta1, beta2, t, eps, weight_decay):
     """Twin of optim.adamw_update. Arrays it cannot update through a flat view (not C-contiguous) are updated as
-    contiguous copies, copied back."""
+    contiguous copies, copied back. A gradient of another dtype than its parameter is refused (NumPy would
+    compute in the wider one: other bits)."""
+    if g.dtype != p.dtype:
+        raise ValueError(f"adamw_update: a gradient of dtype {g.dtype} for a parameter of dtype {p.dtype}: they must match")
     if not (p.flags.c_contiguous and m.flags.c_contiguous and v.flags.c_contiguous):
         copies = [np.ascontiguousarray(a) for a in (p, m, v)]
         adamw_update(copies[0], g, *copies[1:], lr, beta1, beta2, t, eps, weight_decay)
         p[...], m[...], v[...] = copies
         return
     adamw_update_kernel(p.reshape(-1), np.ascontiguousarray(g).reshape(-1), m.reshape(-1), v.reshape(-1), lr, beta1,
-                        beta2, 1 - beta1 ** t, 1 - beta2 ** t, eps, lr * weight_decay)
+                        beta2, 1 - beta1 ** t, 1 - beta2 ** t, eps, weight_decay)

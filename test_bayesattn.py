@@ -222,12 +222,43 @@ def test_adamw_twin_is_the_numpy_update_bit_for_bit(dtype):
         for a, b in zip(ours, ref):
             assert np.array_equal(a, b)
         assert not np.array_equal(ours[0], p)
+    # at lr 0 with weight decay the NumPy op still subtracts 0 * p, which turns -0.0 into +0.0: the same bits
+    z = np.array([-0.0, 1.5, -2.0], dtype)
+    z0, z1 = z.copy(), z.copy()
+    kernels.adamw_update(z0, -z, np.zeros(3, dtype), np.zeros(3, dtype), 0.0, 0.9, 0.98, 1, 1e-8, 0.1)
+    optim.adamw_update.numpy(z1, -z, np.zeros(3, dtype), np.zeros(3, dtype), 0.0, 0.9, 0.98, 1, 1e-8, 0.1)
+    assert z0.tobytes() == z1.tobytes() and not np.signbit(z1[0])
+    with pytest.raises(ValueError, match="a gradient of dtype float16 for a parameter of dtype"):
+        kernels.adamw_update(z, z.astype(np.float16), z, z, 0.01, 0.9, 0.98, 1, 1e-8, 0.0)
     wide = p.copy()
     view, m, v = np.zeros((7, 2), dtype)[:, 0], np.zeros(7, dtype), np.zeros(7, dtype)
     view[:] = wide
     kernels.adamw_update(view, g, m, v, 0.01, 0.9, 0.98, 1, 1e-8, 0.0)
     optim.adamw_update.numpy(wide, g, np.zeros(7, dtype), np.zeros(7, dtype), 0.01, 0.9, 0.98, 1, 1e-8, 0.0)
     assert np.array_equal(view, wide) and not np.array_equal(view, p)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gelu_twin_divides_by_its_denominator(dtype):
+    """The GELU twin's forward is y = x / d and s = 1 / d with d = 1 + e^(-2z), bit for bit: y computed as
+    x * s rounds differently (about a quarter of float32 entries move by one step), which would change every
+    training run's bits."""
+    f = np.dtype(dtype).type
+
+    @numba.njit(fastmath=kernels.FASTMATH)
+    def by_hand(x):
+        y, s = np.empty_like(x), np.empty_like(x)
+        for n in range(x.shape[0]):
+            for m in range(x.shape[1]):
+                xi = x[n, m]
+                d = f(1) + kernels.fast_exp(-f(2) * (f(kernels.GELU_C) * (xi + f(0.044715) * xi * xi * xi)))
+                y[n, m], s[n, m] = xi / d, f(1) / d
+        return y, s
+    x = np.random.default_rng(3).normal(size=(50, 40)).astype(dtype)
+    y, s = kernels.gelu_forward_kernel(x)
+    y_hand, s_hand = by_hand(x)
+    assert y.tobytes() == y_hand.tobytes() and s.tobytes() == s_hand.tobytes()
+    assert dtype == np.float64 or (x * s != y).any()           # where x * s would have given other bits
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -361,13 +392,17 @@ def test_split_matmuls_match_blas(dtype, monkeypatch):
     including fewer rows than threads, and a transposed right factor must give the plain product."""
     monkeypatch.setattr(kernels, "SPLIT_FLOPS", 0)
     monkeypatch.setattr(kernels, "PAIR_FLOPS", 0)
+    handed = []                                                # the calls that went to the pool's thread
+    monkeypatch.setattr(kernels, "_submit", lambda job, submit=kernels._submit: handed.append(job) or submit(job))
     with two_numba_threads():
         _check_split_matmuls(dtype)
+    assert len(handed) >= 12                                   # matmul twice, matmul_tn, matmul_pair: 4 sizes
 
 
 def test_more_threads_than_products_cut_each_by_rows(monkeypatch):
     """With three threads matmul_pair cuts each product into three row blocks (matmul, matmul_tn) instead of
-    running one product a thread: the same products."""
+    running one product a thread: the same products; a product too small to cut but large enough to pair
+    still runs one product a thread."""
     monkeypatch.setattr(kernels, "SPLIT_FLOPS", 0)
     monkeypatch.setattr(kernels, "PAIR_FLOPS", 0)
     monkeypatch.setattr(kernels.numba, "get_num_threads", lambda: 3)
@@ -378,6 +413,14 @@ def test_more_threads_than_products_cut_each_by_rows(monkeypatch):
     a, c, z = rng.normal(size=(7, 6)), rng.normal(size=(7, 4)), rng.normal(size=(5, 4))
     dx, dw = kernels.matmul_pair(c, z.T, a, c)
     assert calls == ["matmul", "matmul_tn"]
+    _close(dx, c @ z.T, np.float64)
+    _close(dw, a.T @ c, np.float64)
+    monkeypatch.setattr(kernels, "SPLIT_FLOPS", 10 ** 9)        # too small to cut, large enough to pair
+    handed = []
+    monkeypatch.setattr(kernels, "_submit", lambda job, submit=kernels._submit: handed.append(job) or submit(job))
+    calls.clear()
+    dx, dw = kernels.matmul_pair(c, z.T, a, c)
+    assert calls == [] and len(handed) == 1                    # x^T y on the pool's thread, a @ b on this one
     _close(dx, c @ z.T, np.float64)
     _close(dw, a.T @ c, np.float64)
 

@@ -15,7 +15,7 @@ import numpy as np
 from numba import njit
 
 import kernels
-from kernels import FASTMATH, NUMPY_ERRORS, fast_tanh, matmul, matmul_tn, sigmoid1
+from kernels import FASTMATH, NUMPY_ERRORS, fast_tanh, sigmoid1
 
 TWINS = ("lstm_forward", "lstm_backward")
 
@@ -71,7 +71,7 @@ def lstm_forward(x, w, b):
     B, T, Cin = x.shape
     C = w.shape[1] // 4
     xt = np.ascontiguousarray(x.transpose(1, 0, 2))                             # (T, B, Cin)
-    ax = (matmul(xt.reshape(-1, Cin), w[:Cin]) + b).reshape(T, B, 4 * C)        # x_t W_x + b for every t
+    ax = (kernels.matmul(xt.reshape(-1, Cin), w[:Cin]) + b).reshape(T, B, 4 * C)        # x_t W_x + b for every t
     wh = np.ascontiguousarray(w[Cin:])                                          # (C, 4C)
     h = np.zeros((T + 1, B, C), dtype=x.dtype)                                  # h[t + 1] = h_t, h[0] = h_0 = 0
     c = np.zeros((T + 1, B, C), dtype=x.dtype)
@@ -108,8 +108,8 @@ def lstm_backward(dh, cache):
         np.concatenate(da_t, axis=1, out=da[t])                                 # (B, 4C)
         np.matmul(da[t], whT, out=dh_next)                                      # what step t sends to h_{t-1}
     da2 = da.reshape(T * B, 4 * C)
-    dx = matmul(da2, np.ascontiguousarray(w[:Cin].T)).reshape(T, B, Cin)
-    return (np.ascontiguousarray(dx.transpose(1, 0, 2)), matmul_tn(xh.reshape(T * B, Cin + C), da2),
+    dx = kernels.matmul(da2, np.ascontiguousarray(w[:Cin].T)).reshape(T, B, Cin)
+    return (np.ascontiguousarray(dx.transpose(1, 0, 2)), kernels.matmul_tn(xh.reshape(T * B, Cin + C), da2),
             da2.sum(axis=0))
 
 
