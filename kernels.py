@@ -572,7 +572,7 @@ def attention_forward(q, k, v):
 
 def attention_backward(u, alpha, q, k, v):
     """Twin of bayesattn.attention_backward. (Its outputs stay (B, NH, T, .) arrays: written as the heads side by
-    side, as the forward's are, the kernel ran slower at every preset shape, docs/PERFORMANCE.md.)"""
+    side, as the forward's are, the kernel ran 15-30% slower at the four shapes tried, docs/PERFORMANCE.md.)"""
     return run_kernel(attention_backward_kernel, q.size * (q.shape[2] + 1) / 2, 0.5, u, alpha, q, k, v)
 
 
