@@ -661,7 +661,7 @@ def ablated_calibration(params, cfg, batch, layer=None, heads=(), method="zero",
     """Calibration with the outputs of `heads` of `layer` replaced (replacement); clean: the clean run's
     cache (needed by every method but zero). layer None: no ablation."""
     cols = supervised_columns(batch)
-    patch = None
+    new = {}
     if layer is not None:
         if method == "zero":
             new = {h: 0.0 for h in heads}
@@ -669,14 +669,14 @@ def ablated_calibration(params, cfg, batch, layer=None, heads=(), method="zero",
             O = clean["layers"][layer]["head_out"]                   # (n, NH, T, hs)
             new = {h: replacement(method, O[:, h]) for h in heads}
 
-        def patch(l, o):
-            if l != layer:
-                return o
-            o = o.copy()
-            for h, r in new.items():
-                o[:, h] = r
+    def patch(l, o):
+        if l != layer:
             return o
-    logits, _ = ba.forward(params, batch["tokens"], cfg, patch=patch)
+        o = o.copy()
+        for h, r in new.items():
+            o[:, h] = r
+        return o
+    logits, _ = ba.forward(params, batch["tokens"], cfg, patch=None if layer is None else patch)
     q, post = ly.softmax(logits[:, cols].astype(np.float64)), batch["posterior"][:, cols]
     return {**calibration(q, post), "kl_by_sequence": wt.kl_bits(post, q).mean(1)}   # (n,) for the noise
 

@@ -50,11 +50,11 @@ RULES = {
     "calibration_gate": f"a run is judged only when its KL is below {CALIBRATED:.0%} of a uniform guess's KL on the "
                         f"same rows; otherwise every claim is 'not judged: not calibrated'.",
     "margins": f"every comparison with a threshold is undecided within {NOISE_Z:g}x the noise of what it compares "
-               f"(the baseline's sd over seeds, or a standard error over the probe sequences or folds), marginal beyond that "
+               "(the baseline's sd over seeds, or a standard error over the probe sequences or folds), marginal beyond that "
                f"but within {MARGINAL:.0%} of the threshold; only then above or below.",
-    "key_frame": f"supported when the trained hypothesis keys (the authors' recipe) have a lower mean |cos| than "
-                 f"the random initialisations (five seeds), both as they are and centred over the tokens; not "
-                 f"supported when either is higher; the noise is the initialisations' sd over seeds.",
+    "key_frame": "supported when the trained hypothesis keys (the authors' recipe) have a lower mean |cos| than "
+                 "the random initialisations (five seeds), both as they are and centred over the tokens; not "
+                 "supported when either is higher; the noise is the initialisations' sd over seeds.",
     "sharpening": f"per head: query-key alignment when its entropy, sink rows left out, is at least {SHARP:.0%} "
                   f"below uniform and its rows move at least {SWAP_ALIGNED:g}x the between-sequence TV when only "
                   f"the query changes ('beside a sink' when its sink rows carry {SINK_SHARE:.0%} or more of its "

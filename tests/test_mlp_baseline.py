@@ -19,7 +19,7 @@ import optim
 from families import mlp_baseline as mb
 
 # the same finite-difference helpers as the transformer's checks (one copy, in test_bayesattn.py)
-from test_bayesattn import GRAD_TOL, H, assert_grads, numerical_grad, rel_error  # noqa: E402,F401
+from test_bayesattn import assert_grads, numerical_grad, rel_error  # noqa: E402
 
 pytestmark = pytest.mark.plain_python   # .ci/run checks this module again without the JIT
 

@@ -13,8 +13,6 @@ positions, the prior's gap, the presets and flags, and what the probes read (tun
 """
 import numpy as np
 
-from tunnels import windtunnels as wt
-
 ANSWER_LABEL = "key index i (pairs seen = i - 1)"   # what the figures call the i-th answer
 SETTINGS = {"V": 20}            # the task's settings (a run's meta records them) and their defaults
 TINY = {"train": {"V": 4}, "grad": {"V": 7}}   # the conformance tests' shapes: 6 and 12 positions
