@@ -481,10 +481,12 @@ def test_the_sweeps_choices_are_the_families_presets():
     presets, over the task's own; a typed flag still wins."""
     import train
     a = train.parse_args(["--model", "lstm", "--task", "hmm", "--preset", "paper"])
-    assert (a.lr, a.init, a.steps) == (3e-3, "uniform", 17000)          # the HMM's task preset says lr 1.5e-3
+    assert (a.lr, a.init, a.steps) == (3e-3, "fan-in", 17000)           # the HMM's task preset says lr 1.5e-3
+    a = train.parse_args(["--model", "lstm", "--task", "transport"])
+    assert (a.lr, a.init) == (3e-3, "uniform")                          # the task's 2e-3, the Config's fan-in
     a = train.parse_args(["--model", "lstm", "--task", "bijection", "--lr", "5e-3"])
     assert (a.lr, a.init) == (5e-3, "fan-in")
-    a = train.parse_args(["--model", "ssm", "--task", "hmm"])
-    assert (a.lr, a.init) == (3e-3, "gpt2")
+    a = train.parse_args(["--model", "ssm", "--task", "recall"])
+    assert (a.lr, a.init) == (1e-2, "fan-in")                           # the task's 3e-3
     a = train.parse_args(["--model", "transformer", "--task", "hmm", "--preset", "paper"])
     assert a.lr == 1.5e-3                                               # other families keep the task's

@@ -115,21 +115,21 @@ def test_a_finished_cell_trained_at_another_rate_is_refused(tmp_path, monkeypatc
     run_dir = tmp_path / cell["name"]
     run_dir.mkdir()
     now = matrix.optimizer_wanted(cell, "default", str(run_dir))
-    assert set(now) == set(flags.OPTIMIZER) and now["lr"] == 3e-3 and now["warmup"] == 100   # mamba.TUNED's recall
+    assert set(now) == set(flags.OPTIMIZER) and now["lr"] == 1e-2 and now["warmup"] == 100   # mamba.TUNED's recall
     base = dict(kl_bits=0.1, prior_kl_bits=2.0, steps=4000, task="recall", model="ssm")
-    for optimizer, ok in ((now, True), ({**now, "lr": 1e-2}, False), ({**now, "warmup": 300}, False), (None, True)):
+    for optimizer, ok in ((now, True), ({**now, "lr": 3e-3}, False), ({**now, "warmup": 300}, False), (None, True)):
         json.dump({**base, **({"optimizer": optimizer} if optimizer else {})}, open(run_dir / "metrics.json", "w"))
         if ok:
             assert matrix.finished(str(run_dir), cell, "default")["kl_bits"] == 0.1
         else:
-            refused = "was trained with --(lr 0.01|warmup 300), not this cell's (0.003|100)"
+            refused = "was trained with --(lr 0.003|warmup 300), not this cell's (0.01|100)"
             with pytest.raises(drivers.Refused, match=refused):
                 matrix.finished(str(run_dir), cell, "default")
     # a run from before the record: its checkpoint's meta says what it was trained with
     from harness import checkpoints
     (run_dir / "checkpoint.npz").write_bytes(b"")
-    monkeypatch.setattr(checkpoints, "load_checkpoint", lambda path: (None, None, {**now, "lr": 1e-2, "seed": 0}, None))
-    with pytest.raises(drivers.Refused, match="was trained with --lr 0.01, not this cell.s 0.003"):
+    monkeypatch.setattr(checkpoints, "load_checkpoint", lambda path: (None, None, {**now, "lr": 3e-3, "seed": 0}, None))
+    with pytest.raises(drivers.Refused, match="was trained with --lr 0.003, not this cell.s 0.01"):
         matrix.finished(str(run_dir), cell, "default")
 
 
