@@ -76,8 +76,9 @@ def enabled():
 # ----------------------------------------------------------------------------
 # memory: glibc's malloc hands every block over 128 KiB (a step's activations and gradients, hundreds of
 # them) fresh pages from the kernel (mmap) and gives them back on free, so each such array costs a page
-# fault for every 4 KiB the first time it is written, step after step: without what follows the step ran
-# 1.4-1.5x slower (`python -m bench.transformer --tricks`). Raising the threshold to glibc's ceiling keeps freed
+# fault for every 4 KiB the first time it is written, step after step (glibc raises its threshold itself as
+# large blocks are freed, so what follows buys 0.81-1.28x the step in noisy runs, docs/PERFORMANCE.md;
+# one earlier run said 1.4-1.5x). Raising the threshold to glibc's ceiling keeps freed
 # blocks in the heap for the next step's arrays. Process-wide (PyTorch in the bench gets it too); elsewhere
 # than glibc, or with BAYESATTN_MALLOPT=0, nothing changes.
 
@@ -245,9 +246,9 @@ def embedding_backward(dx, cache):
 # linear layer: BLAS runs with one thread (NumPy releases the GIL inside it, so two calls on two threads run
 # at the same time). Forward, a large product is cut into blocks of rows, one BLAS call per Numba thread;
 # backward, the layer's two products dx = dout W^T and dW = x^T dout (the same multiply-adds) run one on each
-# thread, each whole: faster than cutting both (`python -m bench.transformer --tricks`), and on one or two threads
-# dW's bits do not depend on the thread count. matmul_tn, cut by rows, adds its blocks' partial sums, so its last
-# bits do (matmul_pair cuts its products so on more than two threads).
+# thread, each whole (cutting both by rows instead: the step 0.98-1.09x as slow, `python -m bench.transformer
+# --tricks`), and on one or two threads dW's bits do not depend on the thread count. matmul_tn, cut by rows,
+# adds its blocks' partial sums, so its last bits do (matmul_pair cuts its products so on more than two threads).
 
 PRODUCTS = ("matmul", "matmul_tn", "matmul_pair")   # the layers' matrix products (the benches time them apart)
 SPLIT_FLOPS = 1 << 25      # multiply-adds: a smaller product goes to BLAS whole (handing out row blocks costs more)

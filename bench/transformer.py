@@ -459,31 +459,62 @@ def shape_list(text, allowed, default, fail, flag="--shapes"):
 
 
 TRICKS = """
-import sys, numpy as np, kernels
+import numpy as np, kernels, layers
 from bench import transformer as bench
 cfg, params, batch = bench.setup({name!r})
 step = bench.ours_step(cfg, params, batch)
+{without}
+def variant():
+    with without():
+        step()
 with kernels.enabled():
-    print(1e3 * np.median(bench.interleaved([step], {repeats}, warmup=3)[0]))
+    times = bench.interleaved([step, variant], {repeats}, warmup=3)
+print(*(1e3 * np.median(t) for t in times))
 """
+# each trick a code can switch off around one step (a context manager `without`): timed alternately with the
+# step as trained, in one process
+SWITCHED = {
+    "every kernel on all threads (no run_kernel choice)": ("kernels", "PARALLEL_MIN_US", "0.0"),
+    "products not split by rows": ("kernels", "SPLIT_FLOPS", "float('inf')"),
+    "a layer's two backward products in turn, each cut by rows (not side by side)":
+        ("kernels", "matmul_pair", "lambda a, b, x, y: (kernels.matmul(a, b), kernels.matmul_tn(x, y))"),
+}
+WITHOUT = """
+import contextlib
+@contextlib.contextmanager
+def without():
+    old = {module}.{name}
+    {module}.{name} = {value}
+    try:
+        yield
+    finally:
+        {module}.{name} = old
+"""
+NO_TWINS = "without = lambda: layers.use_twins({})"
+NO_ATTENTION_TWINS = "without = lambda: layers.use_twins({k: f for k, f in layers.FAST.items() if not k.startswith('attention')})"
+# each trick only a fresh process can switch off (how the kernels were compiled, how malloc was set at import):
+# the variant's process against one as trained, not alternated
+ENVIRONMENT = {"math.exp instead of exp32": {"BAYESATTN_EXP32": "0"},
+               "glibc's malloc thresholds (no keep_freed_memory)": {"BAYESATTN_MALLOPT": "0"}}
 
 
 def tricks(name, repeats):
-    """The step at one shape without each speed trick of kernels.py, each in a fresh process (the compiled
-    exp depends on how the kernels were compiled): -> {variant: median ms}."""
+    """The step at one shape without each speed trick of kernels.py -> {variant: (median ms as trained, median
+    ms without it)}: a trick a code can switch off alternately with the step as trained in one process, the
+    others in a process of their own against one as trained (the compiled exp depends on how the kernels were
+    compiled, the malloc thresholds on the process's start)."""
+    def run(without, cache, env=None):
+        return tuple(map(float, child(TRICKS.format(name=name, repeats=repeats, without=without),
+                                      {"NUMBA_CACHE_DIR": cache, **(env or {})}).split()))
+    nothing = "import contextlib\nwithout = contextlib.nullcontext"
     with tempfile.TemporaryDirectory() as cache:
-        run = lambda env, code="": float(child(code + TRICKS.format(name=name, repeats=repeats),
-                                               {"NUMBA_CACHE_DIR": cache, **env}))
-        out = {"as in training": run({})}
-        out["every kernel on all threads (no run_kernel choice)"] = run(
-            {}, "import kernels; kernels.PARALLEL_MIN_US = 0.0\n")
-        out["products not split by rows"] = run({}, "import kernels; kernels.SPLIT_FLOPS = float('inf')\n")
-        out["a layer's two backward products in turn, each cut by rows (not side by side)"] = run(
-            {}, "import kernels\nkernels.matmul_pair = lambda a, b, x, y: (kernels.matmul(a, b), kernels.matmul_tn(x, y))\n")
-        out["math.exp instead of exp32"] = run({"BAYESATTN_EXP32": "0"})
-        out["glibc's malloc thresholds (no keep_freed_memory)"] = run({"BAYESATTN_MALLOPT": "0"})
-        out["the NumPy path (no twin at all)"] = run(
-            {}, "import kernels, layers; kernels.enabled = lambda: layers.use_twins({})\n")
+        out = {label: run(WITHOUT.format(module=m, name=n, value=v), cache) for label, (m, n, v) in SWITCHED.items()}
+        out["the NumPy path (no twin at all)"] = run(NO_TWINS, cache)
+        out["the attention twins off (the NumPy attention)"] = run(NO_ATTENTION_TWINS, cache)
+        trained = run(nothing, cache)[0]
+    for label, env in ENVIRONMENT.items():
+        with tempfile.TemporaryDirectory() as fresh:         # Numba's cache does not see the environment
+            out[label] = (trained, run(nothing, fresh, env)[0])
     return out
 
 
@@ -552,11 +583,12 @@ def bench(args):
         return
     if args.tricks:
         print(f"python -m bench.transformer --tricks  {load()}  numba {numba.__version__} ({numba.config.NUMBA_NUM_THREADS} threads)  "
-              f"repeats {args.repeats}; median ms of one training step, each variant in a fresh process")
+              f"repeats {args.repeats}; median ms of one training step as trained and without each trick: alternated in one "
+              f"process, except {' and '.join(ENVIRONMENT)} (a process of their own against one as trained)")
         for name in args.shapes:
             t = tricks(name, args.repeats)
-            base = t["as in training"]
-            print(f"{name}: " + "; ".join(f"{k} {v:.2f} ms ({v / base:.2f}x)" for k, v in t.items()) + f"  ({load()})")
+            print(f"{name}: " + "; ".join(f"{k} {b:.2f} ms against {a:.2f} ({b / a:.2f}x)" for k, (a, b) in t.items())
+                  + f"  ({load()})")
         return
     # first, while this process is small: a child's ru_maxrss starts from its parent's at the fork
     mem_shape, mem_steps = (QUICK[0], (5, 20)) if args.quick else ("bij-default", (50, 200))

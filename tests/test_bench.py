@@ -201,3 +201,44 @@ def test_the_roofline_splits_a_step_into_its_ops_own_times(monkeypatch):
     text = roofline.line(parts, total, 30e9, 100.0)      # the clock's units as seconds: 30 GFLOP in 15 s
     assert text.startswith("step 15000.00 ms, 30.000 GFLOP: 2.0 GFLOP/s = 2% of 2-thread sgemm; products 5000.00 ms "
                            "(33% of the step)") and "the family's own ops 4000.00 ms (27%)" in text
+
+
+def test_tricks_switch_each_trick_off_around_a_step_and_back():
+    """--tricks' in-process variants: inside `without` the trick is off (the threshold infinite, the pair two
+    products in turn, the twins off), outside it is back, also when the step raises; the tricks only a fresh
+    process can switch off name the environment variable kernels.py reads."""
+    import contextlib
+    import numpy as np
+    from bench import transformer as bench
+    import kernels
+    import layers
+    for label, (module, name, value) in bench.SWITCHED.items():
+        ns = {"kernels": kernels, "layers": layers}
+        exec(bench.WITHOUT.format(module=module, name=name, value=value), ns)
+        before = getattr(kernels, name)
+        with ns["without"]():
+            inside = getattr(kernels, name)
+            assert inside is not before and inside != before, label
+        assert getattr(kernels, name) is before
+        with pytest.raises(ZeroDivisionError), ns["without"]():
+            1 / 0
+        assert getattr(kernels, name) is before
+    ns = {"kernels": kernels, "layers": layers}
+    exec(bench.WITHOUT.format(module="kernels", name="matmul_pair", value=bench.SWITCHED[
+        "a layer's two backward products in turn, each cut by rows (not side by side)"][2]), ns)
+    a, b = np.arange(6.0).reshape(2, 3), np.arange(12.0).reshape(3, 4)
+    with ns["without"]():
+        x, y = kernels.matmul_pair(a, b, a, a)
+    assert np.array_equal(x, a @ b) and np.array_equal(y, a.T @ a)
+    ns = {"kernels": kernels, "layers": layers, "contextlib": contextlib}
+    exec(bench.NO_TWINS, ns)
+    with kernels.enabled():
+        with ns["without"]():
+            assert layers.FAST == {}
+        assert layers.FAST
+        exec(bench.NO_ATTENTION_TWINS, ns)
+        with ns["without"]():
+            assert "attention_forward" not in layers.FAST and "layernorm_forward" in layers.FAST
+        assert "attention_forward" in layers.FAST and "attention_backward" in layers.FAST
+    assert bench.ENVIRONMENT and all(
+        f'os.environ.get("{var}"' in open(kernels.__file__).read() for env in bench.ENVIRONMENT.values() for var in env)
