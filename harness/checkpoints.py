@@ -75,17 +75,33 @@ def save_checked(path, params, cfg, meta, opt_state=None):
 
 
 def versions():
-    """The versions of Python, NumPy, SciPy and Numba this process runs, and the CPU Numba compiles for (LLVM's
-    name of the host): every metrics.json and geometry.json records them (a result is reproduced bit for bit
-    only with the same versions, which requirements-lock.txt pins, on the same kind of CPU: the compiled
-    kernels use the host's vector instructions, and sums in another order round differently)."""
+    """The versions of Python, NumPy, SciPy and Numba this process runs, the CPU Numba compiles for (LLVM's
+    name of the host) and the code's commit: every metrics.json and geometry.json records them (a result is
+    reproduced bit for bit only with the same versions, which requirements-lock.txt pins, on the same kind of
+    CPU: the compiled kernels use the host's vector instructions, and sums in another order round
+    differently; and with the same code, which a kernel's change of rounding moves)."""
     import platform
 
     import llvmlite.binding
     import numba
     import scipy
     return {"python": platform.python_version(), "numpy": np.__version__, "scipy": scipy.__version__,
-            "numba": numba.__version__, "cpu": llvmlite.binding.get_host_cpu_name()}
+            "numba": numba.__version__, "cpu": llvmlite.binding.get_host_cpu_name(), "commit": commit()}
+
+
+def commit(folder=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))):
+    """The git commit the code in folder (the repository's) was checked out at, "+changes" after it where a
+    tracked file differs from it; None outside a git checkout or without git."""
+    import subprocess
+    try:
+        git = lambda *a: subprocess.run(["git", "-C", folder, *a], capture_output=True, text=True, timeout=10)
+        head = git("rev-parse", "--short=12", "HEAD")
+        if head.returncode != 0:
+            return None
+        changed = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+        return head.stdout.strip() + ("+changes" if changed else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
 
 
 MAX_LOAD_BYTES = 2 ** 31    # a checkpoint declaring more than 2 GiB of arrays is refused before reading

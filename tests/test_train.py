@@ -238,9 +238,10 @@ def test_same_seed_same_metrics_and_the_versions_recorded(tmp_path):
     assert metrics[0] == metrics[1]
     assert (metrics[0]["batch"], metrics[0]["settings"]) == (32, {"V": 20})      # the quick preset's, the task's
     import llvmlite.binding
+    from harness import checkpoints
     assert metrics[0]["versions"] == {"python": platform.python_version(), "numpy": np.__version__,
                                       "scipy": scipy.__version__, "numba": numba.__version__,
-                                      "cpu": llvmlite.binding.get_host_cpu_name()}
+                                      "cpu": llvmlite.binding.get_host_cpu_name(), "commit": checkpoints.commit()}
 
 
 def test_quick_preset_lowers_its_loss(tmp_path):
@@ -486,7 +487,7 @@ def test_a_resumed_baseline_reports_its_own_training_time(tmp_path):
     assert (main["model"], main["steps"], base["model"], base["steps"]) == ("transformer", 4, "prefix-mlp", 5)
     assert (out / "metrics.json").read_bytes() == written and main["seconds"] < 1000.0
     assert 7.0 <= base["seconds"] < 67.0, base["seconds"]      # its own 7 s and one more step, not the 1000
-    assert base["versions"] == main["versions"] and set(base["versions"]) == {"python", "numpy", "scipy", "numba", "cpu"}
+    assert base["versions"] == main["versions"] and set(base["versions"]) == {"python", "numpy", "scipy", "numba", "cpu", "commit"}
     assert "n_heads" not in base["config"] and main["config"]["n_heads"] == 4
 
 
@@ -831,3 +832,30 @@ def test_the_progress_bar_says_when_a_curriculum_makes_batches_easier():
                                    "max_hops": 4}) == 3500
     assert train.curriculum_until({"pair_curriculum": "2:500,4:1500", "filler": 8}) == 1500
     assert train.curriculum_until({"pair_curriculum": "", "filler": 8}) == 0 and train.curriculum_until({}) == 0
+
+
+def test_a_run_records_the_commit_of_its_code(tmp_path):
+    """versions()["commit"]: the checkout's commit, "+changes" once a tracked file differs from it (an untracked
+    file, as a run's output, is not a change), None outside a git checkout."""
+    import shutil
+    import subprocess
+    from harness import checkpoints
+    if shutil.which("git") is None:
+        pytest.skip("no git")
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = lambda *a: subprocess.run(["git", "-C", str(repo), *a], check=True, capture_output=True, text=True).stdout
+    git("init", "-q")
+    (repo / "a.py").write_text("x = 1\n")
+    git("add", "a.py")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "one")
+    head = git("rev-parse", "--short=12", "HEAD").strip()
+    assert checkpoints.commit(str(repo)) == head and len(head) == 12
+    (repo / "runs").mkdir()
+    (repo / "runs" / "metrics.json").write_text("{}")
+    assert checkpoints.commit(str(repo)) == head
+    (repo / "a.py").write_text("x = 2\n")
+    assert checkpoints.commit(str(repo)) == head + "+changes"
+    outside = tmp_path / "plain"
+    outside.mkdir()
+    assert checkpoints.commit(str(outside)) is None
