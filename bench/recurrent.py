@@ -157,9 +157,9 @@ def torch_ssm(cfg, params, batch, chunked):
     return stepper(loss_fn)
 
 
-def run(shapes, repeats, warmup, torch_version, families=FAMILIES, sgemm=None):
-    """Print one block per family and shape, with its roofline line against sgemm (the 2-thread GFLOP/s);
-    -> {(family, shape): ours / torch}."""
+def run(shapes, repeats, warmup, torch_version, families=FAMILIES, sgemm=None, bandwidth=None):
+    """Print one block per family and shape, with its roofline line against sgemm (the 2-thread GFLOP/s) and
+    its memory floors at bandwidth ({where: GB/s}); -> {(family, shape): ours / torch}."""
     ratios = {}
     for family in families:
         for shape in shapes:
@@ -186,6 +186,8 @@ def run(shapes, repeats, warmup, torch_version, families=FAMILIES, sgemm=None):
                 parts, total = roofline.exclusive_times(ours, max(2, repeats // 4))
                 print(f"  roofline: {roofline.line(roofline.split(parts, total), total, models.step_flops(family, cfg, B, T), sgemm)}"
                       f"  ({bench.load()})")
+            if bandwidth:
+                print(f"  memory floors: {roofline.memory_line(roofline.exclusive_bytes(ours), parts, bandwidth)}")
             if torch_version:
                 best = min(range(1, len(times)), key=lambda i: np.median(times[i]))
                 ratios[(family, shape)] = np.median(times[0]) / np.median(times[best])
@@ -219,8 +221,11 @@ def main(argv=None):
     sgemm = max(bench.sgemm_gflops(2, n, reps) for _ in range(3))
     print(f"sgemm {n}x{n} float32, 2 threads (best of 3 runs): {sgemm:.1f} GFLOP/s, the roofline's reference  "
           f"({bench.load()})")
+    bandwidth = {k: roofline.copy_bandwidth(v) for k, v in roofline.BANDWIDTH_SIZES.items()}
+    print("copy bandwidth on every Numba thread (best of 5), reads and writes counted: " +
+          ", ".join(f"{gbs:.0f} GB/s in {where}" for where, gbs in bandwidth.items()) + f"  ({bench.load()})")
     with kernels.enabled():                                # the fast path, as train.py runs
-        ratios = run(shapes, repeats, 1 if args.quick else 3, torch_version, families, sgemm)
+        ratios = run(shapes, repeats, 1 if args.quick else 3, torch_version, families, sgemm, bandwidth)
     worst = max(ratios.values()) if ratios else float("nan")
     print(f"worst ratio ours/torch: {worst:.2f}")
     return ratios

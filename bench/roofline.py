@@ -8,7 +8,11 @@ optim.adamw_step) are timed while the step runs, each call's time less the time 
 the models' own arrays and copies between ops).
 """
 import collections
+import contextlib
 import time
+
+import numba
+import numpy as np
 
 import kernels
 import layers
@@ -30,6 +34,27 @@ def category(name):
     return next((c for c, names in CATEGORIES if name in names), OWN)
 
 
+@contextlib.contextmanager
+def every_op(wrap):
+    """Inside: every op the step calls through the twin switch, every layer product and the optimiser's two
+    calls replaced by wrap(name, op); switched back however the block ends."""
+    fast = dict(layers.FAST)
+    products = {name: getattr(kernels, name) for name in kernels.PRODUCTS}
+    opt = optim.clip_grad_norm, optim.adamw_step
+    layers.FAST.update({k: wrap(k, f) for k, f in fast.items()})
+    for name, f in products.items():
+        setattr(kernels, name, wrap(name, f))
+    optim.clip_grad_norm, optim.adamw_step = wrap("clip_grad_norm", opt[0]), wrap("adamw_step", opt[1])
+    try:
+        yield
+    finally:
+        layers.FAST.clear()
+        layers.FAST.update(fast)
+        for name, f in products.items():
+            setattr(kernels, name, f)
+        optim.clip_grad_norm, optim.adamw_step = opt
+
+
 def exclusive_times(step, n=5):
     """Run step n times with every op timed (module docstring) -> ({op name: exclusive seconds a step}, the
     step's seconds a step). The ops are switched back however the step ends."""
@@ -47,34 +72,112 @@ def exclusive_times(step, n=5):
                 totals[name] += dt - inner.pop()
                 inner[-1] += dt
         return call
-    fast = dict(layers.FAST)
-    products = {name: getattr(kernels, name) for name in kernels.PRODUCTS}
-    opt = optim.clip_grad_norm, optim.adamw_step
-    layers.FAST.update({k: timed(k, f) for k, f in fast.items()})
-    for name, f in products.items():
-        setattr(kernels, name, timed(name, f))
-    optim.clip_grad_norm, optim.adamw_step = timed("clip_grad_norm", opt[0]), timed("adamw_step", opt[1])
-    try:
+    with every_op(timed):
         t0 = time.perf_counter()
         for _ in range(n):
             step()
         total = (time.perf_counter() - t0) / n
-    finally:
-        layers.FAST.clear()
-        layers.FAST.update(fast)
-        for name, f in products.items():
-            setattr(kernels, name, f)
-        optim.clip_grad_norm, optim.adamw_step = opt
     return {k: v / n for k, v in totals.items()}, total
+
+
+def arrays(obj, found=None):
+    """Every NumPy array in obj (an array, or tuples, lists and dicts of them, nested) -> {address of its
+    first byte: its bytes}; an array met twice (or a view starting where it starts) counts once, at its
+    largest extent."""
+    found = {} if found is None else found
+    if isinstance(obj, np.ndarray):
+        at = obj.__array_interface__["data"][0]
+        found[at] = max(found.get(at, 0), obj.nbytes)
+    elif isinstance(obj, (tuple, list)):
+        for x in obj:
+            arrays(x, found)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            arrays(x, found)
+    return found
+
+
+def exclusive_bytes(step):
+    """Run step once with every op watched -> {op name: the bytes its calls must move a step}: each call's
+    arguments and results, every distinct array once (it is read or written at least once), less the arrays
+    a watched call inside it already counts. A floor on the traffic: an array read twice, or read and written
+    back in place, counts once."""
+    totals = collections.defaultdict(int)
+    inner = [set()]                                      # the addresses the calls inside the running call own
+
+    def watched(name, f):
+        def call(*a, **k):
+            inner.append(set())
+            out = None
+            try:
+                out = f(*a, **k)
+                return out
+            finally:
+                mine = arrays((a, k, out))
+                below = inner.pop()
+                totals[name] += sum(b for at, b in mine.items() if at not in below)
+                inner[-1].update(mine)
+        return call
+    with every_op(watched):
+        step()
+    return dict(totals)
+
+
+@numba.njit(parallel=True, cache=True)
+def _copy_back_and_forth(a, b, parts, rounds):
+    """rounds of two copies, a -> b then b -> a, each of parts threads over its own part of the arrays (one
+    parallel launch for them all, so small arrays measure the cache, not the launch)."""
+    for p in numba.prange(parts):
+        lo, hi = p * a.size // parts, (p + 1) * a.size // parts
+        for _ in range(rounds):
+            b[lo:hi] = a[lo:hi]
+            a[lo:hi] = b[lo:hi]
+
+
+def copy_bandwidth(nbytes, repeats=5):
+    """The memory bandwidth the step's ops can see at a working set of 2 nbytes: the best of repeats runs of
+    copies between two float32 arrays of nbytes each, on every Numba thread -> GB/s, counting the bytes read
+    and those written (2 nbytes a copy). About 2^30 bytes a run, however small the arrays."""
+    a = np.ones(max(numba.get_num_threads(), nbytes // 4), dtype=np.float32)
+    b = np.zeros_like(a)
+    parts, rounds = numba.get_num_threads(), max(1, 2 ** 29 // (2 * a.nbytes))
+    _copy_back_and_forth(a, b, parts, 1)                 # compiled and both arrays touched before the clock
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        _copy_back_and_forth(a, b, parts, rounds)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * (2 * a.nbytes) * rounds / best / 1e9
+
+
+# working sets the bandwidth is measured at (two arrays of these bytes): in the per-core caches (this
+# machine's L2 is 1 MiB a core), in the shared cache (its L3, 32 MiB) and in memory
+BANDWIDTH_SIZES = {"L2": 128 * 1024, "L3": 4 * 2 ** 20, "memory": 256 * 2 ** 20}
+
+
+def memory_line(op_bytes, op_seconds, bandwidth):
+    """{op: bytes a step}, {op: seconds a step} and {where: GB/s} -> one line: per category outside the
+    products, the MB it must move a step, its floor (those bytes at the fastest and at the slowest of the
+    bandwidths: no code moves them faster) and the time it takes."""
+    mb, sec = by_category(op_bytes), by_category(op_seconds)
+    fast, slow = max(bandwidth.values()), min(bandwidth.values())
+    return "; ".join(f"{c} {b / 1e6:.2f} MB, floor {1e3 * b / (fast * 1e9):.2f}-{1e3 * b / (slow * 1e9):.2f} ms, "
+                     f"takes {1e3 * sec.get(c, 0.0):.2f} ms" for c, b in mb.items() if c != "products" and b > 0)
+
+
+def by_category(per_op):
+    """{op: a quantity} -> {category: its sum}, in CATEGORIES' order, then the family's own ops."""
+    out = {c: 0 for c, _ in CATEGORIES}
+    for name, s in per_op.items():
+        c = category(name)
+        out[c] = out.get(c, 0) + s
+    return out
 
 
 def split(op_seconds, total):
     """{op: seconds} and the step's seconds -> {category: seconds}, REST the part no timed op holds, in
     CATEGORIES' order, then the family's own ops, then the rest."""
-    out = {c: 0.0 for c, _ in CATEGORIES}
-    for name, s in op_seconds.items():
-        c = category(name)
-        out[c] = out.get(c, 0.0) + s
+    out = by_category(op_seconds)
     out[REST] = total - sum(op_seconds.values())
     return out
 

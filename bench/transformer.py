@@ -610,6 +610,11 @@ def bench(args):
           f"each of the step's BLAS calls uses {os.environ['OPENBLAS_NUM_THREADS']} (OPENBLAS_NUM_THREADS), "
           f"large products split in row blocks over the Numba threads  ({load()})")
 
+    bandwidth = {k: roofline.copy_bandwidth(v) for k, v in roofline.BANDWIDTH_SIZES.items()}
+    print("copy bandwidth on every Numba thread (best of 5), reads and writes counted: " +
+          ", ".join(f"{gbs:.0f} GB/s in {where} (two arrays of {roofline.BANDWIDTH_SIZES[where] / 2 ** 20:g} MiB)"
+                    for where, gbs in bandwidth.items()) + f"  ({load()})")
+
     start_all, start_one = parallel_start_us(10 * args.repeats)
     print(f"an almost empty parallel loop: {start_all:.1f} us on {numba.get_num_threads()} Numba threads, "
           f"{start_one:.1f} us held to one (OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}; "
@@ -653,6 +658,7 @@ def bench(args):
                   f"ratio ours/torch {ratios[name]:.2f}")
         parts_s, total_s = roofline.exclusive_times(ours, max(2, args.repeats // 4))
         print(f"  roofline: {roofline.line(roofline.split(parts_s, total_s), total_s, flops, ceiling[2])}  ({load()})")
+        print(f"  memory floors: {roofline.memory_line(roofline.exclusive_bytes(ours), parts_s, bandwidth)}")
         if args.profile:
             print("  cProfile of our step (tottime):")
             profile_step(ours)
