@@ -101,7 +101,9 @@ def exclusive_bytes(step):
     """Run step once with every op watched -> {op name: the bytes its calls must move a step}: each call's
     arguments and results, every distinct array once (it is read or written at least once), less the arrays
     a watched call inside it already counts. A floor on the traffic: an array read twice, or read and written
-    back in place, counts once."""
+    back in place, counts once, and one a product inside the call also holds counts with the product (a linear
+    op's floor is its bias alone, though it adds the bias to the product's result in place and sums dout for
+    the bias's gradient)."""
     totals = collections.defaultdict(int)
     inner = [set()]                                      # the addresses the calls inside the running call own
 
