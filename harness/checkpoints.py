@@ -8,6 +8,7 @@ writer of the project: numpy numbers become plain ones, NaN and inf become null.
 """
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -79,7 +80,14 @@ def versions():
     name of the host) and the code's commit: every metrics.json and geometry.json records them (a result is
     reproduced bit for bit only with the same versions, which requirements-lock.txt pins, on the same kind of
     CPU: the compiled kernels use the host's vector instructions, and sums in another order round
-    differently; and with the same code, which a kernel's change of rounding moves)."""
+    differently; and with the same code, which a kernel's change of rounding moves). Read once a process
+    (every checkpoint of a run records them, and the code a process runs is the code it imported, whatever
+    is checked out later)."""
+    return dict(_versions())
+
+
+@functools.lru_cache(maxsize=None)
+def _versions():
     import platform
 
     import llvmlite.binding

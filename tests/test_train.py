@@ -859,3 +859,18 @@ def test_a_run_records_the_commit_of_its_code(tmp_path):
     outside = tmp_path / "plain"
     outside.mkdir()
     assert checkpoints.commit(str(outside)) is None
+
+
+def test_versions_are_read_once_a_process_and_handed_out_as_copies(monkeypatch):
+    """A run records versions() at every checkpoint: git is asked once a process (the code a process runs is
+    what it imported, whatever is checked out later), and a caller changing its dict changes no other's."""
+    from harness import checkpoints
+    asked = []
+    monkeypatch.setattr(checkpoints, "commit", lambda: asked.append(1) or "abc")
+    checkpoints._versions.cache_clear()
+    try:
+        first = checkpoints.versions()
+        first["commit"] = "changed by a caller"
+        assert checkpoints.versions()["commit"] == "abc" and len(asked) == 1
+    finally:
+        checkpoints._versions.cache_clear()
