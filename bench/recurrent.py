@@ -182,8 +182,9 @@ def run(shapes, repeats, warmup, torch_version, families=FAMILIES, sgemm=None, b
             times = bench.interleaved(fs, repeats, warmup)
             for name, ts in zip(names, times):
                 print(f"  step: {name:22s} {bench.median_ms(ts):8.2f} ms ({bench.spread(ts)})")
-            if sgemm:
+            if sgemm or bandwidth:
                 parts, total = roofline.exclusive_times(ours, max(2, repeats // 4))
+            if sgemm:
                 print(f"  roofline: {roofline.line(roofline.split(parts, total), total, models.step_flops(family, cfg, B, T), sgemm)}"
                       f"  ({bench.load()})")
             if bandwidth:

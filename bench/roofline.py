@@ -81,13 +81,16 @@ def exclusive_times(step, n=5):
 
 
 def arrays(obj, found=None):
-    """Every NumPy array in obj (an array, or tuples, lists and dicts of them, nested) -> {address of its
-    first byte: its bytes}; an array met twice (or a view starting where it starts) counts once, at its
-    largest extent."""
-    found = {} if found is None else found
+    """Every NumPy array in obj (an array, or tuples, lists and dicts of them, nested) -> [(first byte, one
+    past the last, its bytes, whether it is contiguous)]: the range of memory it spans and what it holds (a
+    strided view holds fewer bytes than it spans)."""
+    found = [] if found is None else found
     if isinstance(obj, np.ndarray):
-        at = obj.__array_interface__["data"][0]
-        found[at] = max(found.get(at, 0), obj.nbytes)
+        lo = hi = obj.__array_interface__["data"][0]
+        for n, s in zip(obj.shape, obj.strides):
+            lo, hi = (lo + s * (n - 1), hi) if s < 0 else (lo, hi + s * (n - 1))
+        contiguous = obj.flags.c_contiguous or obj.flags.f_contiguous
+        found.append((lo, hi + obj.itemsize if obj.size else lo, obj.nbytes, contiguous))
     elif isinstance(obj, (tuple, list)):
         for x in obj:
             arrays(x, found)
@@ -97,19 +100,49 @@ def arrays(obj, found=None):
     return found
 
 
+def merged(ranges):
+    """Byte ranges [(lo, hi)] -> the same memory as sorted, disjoint ranges."""
+    out = []
+    for lo, hi in sorted(r for r in ranges if r[1] > r[0]):
+        if out and lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def overlap(lo, hi, ranges):
+    """Bytes of [lo, hi) inside the disjoint ranges."""
+    return sum(max(0, min(hi, b) - max(lo, a)) for a, b in ranges)
+
+
+def distinct_bytes(found, below=()):
+    """The bytes the arrays found (arrays()) hold, each byte once, less those in the ranges below: a contiguous
+    array counts the bytes it spans, a strided view its own bytes only where it spans memory no other array
+    and nothing below does (else nothing: a floor, never more than the arrays hold)."""
+    below = merged(below)
+    whole = merged([(lo, hi) for lo, hi, _, contiguous in found if contiguous])
+    total = sum(hi - lo - overlap(lo, hi, below) for lo, hi in whole)
+    views = [(lo, hi, n) for lo, hi, n, contiguous in found if not contiguous]
+    for i, (lo, hi, n) in enumerate(views):
+        others = merged(whole + below + [(a, b) for j, (a, b, _) in enumerate(views) if j != i])
+        total += n if overlap(lo, hi, others) == 0 else 0
+    return total
+
+
 def exclusive_bytes(step):
     """Run step once with every op watched -> {op name: the bytes its calls must move a step}: each call's
-    arguments and results, every distinct array once (it is read or written at least once), less the arrays
-    a watched call inside it already counts. A floor on the traffic: an array read twice, or read and written
-    back in place, counts once, and one a product inside the call also holds counts with the product (a linear
+    arguments and results, every byte of them once (it is read or written at least once), less the memory a
+    watched call inside it spans. A floor on the traffic: an array read twice, or read and written back in
+    place, counts once, and memory a product inside the call also touches counts with the product (a linear
     op's floor is its bias alone, though it adds the bias to the product's result in place and sums dout for
     the bias's gradient)."""
     totals = collections.defaultdict(int)
-    inner = [set()]                                      # the addresses the calls inside the running call own
+    inner = [[]]                                         # the byte ranges of the calls inside the running call
 
     def watched(name, f):
         def call(*a, **k):
-            inner.append(set())
+            inner.append([])
             out = None
             try:
                 out = f(*a, **k)
@@ -117,8 +150,8 @@ def exclusive_bytes(step):
             finally:
                 mine = arrays((a, k, out))
                 below = inner.pop()
-                totals[name] += sum(b for at, b in mine.items() if at not in below)
-                inner[-1].update(mine)
+                totals[name] += distinct_bytes(mine, below)
+                inner[-1].extend((lo, hi) for lo, hi, _, _ in mine)
         return call
     with every_op(watched):
         step()
@@ -127,29 +160,34 @@ def exclusive_bytes(step):
 
 @numba.njit(parallel=True, cache=True)
 def _copy_back_and_forth(a, b, parts, rounds):
-    """rounds of two copies, a -> b then b -> a, each of parts threads over its own part of the arrays (one
-    parallel launch for them all, so small arrays measure the cache, not the launch)."""
+    """rounds of two copies, b = a + 1 then a = b + 1 (an add is free beside the memory, and makes every copy
+    show in the values), each of parts threads over its own part of the arrays (one parallel launch for them
+    all, so small arrays measure the cache, not the launch)."""
     for p in numba.prange(parts):
         lo, hi = p * a.size // parts, (p + 1) * a.size // parts
         for _ in range(rounds):
-            b[lo:hi] = a[lo:hi]
-            a[lo:hi] = b[lo:hi]
+            for i in range(lo, hi):
+                b[i] = a[i] + 1
+            for i in range(lo, hi):
+                a[i] = b[i] + 1
 
 
 def copy_bandwidth(nbytes, repeats=5):
     """The memory bandwidth the step's ops can see at a working set of 2 nbytes: the best of repeats runs of
-    copies between two float32 arrays of nbytes each, on every Numba thread -> GB/s, counting the bytes read
-    and those written (2 nbytes a copy). About 2^30 bytes a run, however small the arrays."""
-    a = np.ones(max(numba.get_num_threads(), nbytes // 4), dtype=np.float32)
+    copies between two float32 arrays of nbytes each, on every Numba thread -> GB/s, counting what a copy of
+    n bytes moves: n read, n written, and the n the cache reads before it writes them (write-allocate), so
+    that the floor is one no op beats by reading more than it writes. About 2^30 bytes a run."""
+    a = np.zeros(max(numba.get_num_threads(), nbytes // 4), dtype=np.float32)
     b = np.zeros_like(a)
     parts, rounds = numba.get_num_threads(), max(1, 2 ** 29 // (2 * a.nbytes))
     _copy_back_and_forth(a, b, parts, 1)                 # compiled and both arrays touched before the clock
     best = float("inf")
     for _ in range(repeats):
+        a[:] = 0                                         # float32 counts exactly to 2^24: no round reaches it
         t0 = time.perf_counter()
         _copy_back_and_forth(a, b, parts, rounds)
         best = min(best, time.perf_counter() - t0)
-    return 2 * (2 * a.nbytes) * rounds / best / 1e9
+    return 3 * (2 * a.nbytes) * rounds / best / 1e9
 
 
 # working sets the bandwidth is measured at (two arrays of these bytes): in the per-core caches (this
@@ -160,7 +198,7 @@ BANDWIDTH_SIZES = {"L2": 128 * 1024, "L3": 4 * 2 ** 20, "memory": 256 * 2 ** 20}
 def memory_line(op_bytes, op_seconds, bandwidth):
     """{op: bytes a step}, {op: seconds a step} and {where: GB/s} -> one line: per category outside the
     products, the MB it must move a step, its floor (those bytes at the fastest and at the slowest of the
-    bandwidths: no code moves them faster) and the time it takes."""
+    bandwidths this run measured) and the time it takes."""
     mb, sec = by_category(op_bytes), by_category(op_seconds)
     fast, slow = max(bandwidth.values()), min(bandwidth.values())
     return "; ".join(f"{c} {b / 1e6:.2f} MB, floor {1e3 * b / (fast * 1e9):.2f}-{1e3 * b / (slow * 1e9):.2f} ms, "

@@ -662,8 +662,9 @@ def bench(args):
         print(f"  roofline: {roofline.line(roofline.split(parts_s, total_s), total_s, flops, ceiling[2])}  ({load()})")
         print(f"  memory floors: {roofline.memory_line(roofline.exclusive_bytes(ours), parts_s, bandwidth)}")
         att_flops, att_s = ba.attention_flops(cfg, B, T), roofline.by_category(parts_s)["attention"]
-        print(f"  attention's causal products: {att_flops / 1e9:.3f} GFLOP a step, {1e3 * att_flops / (ceiling[2] * 1e9):.2f} ms "
-              f"at the 2-thread sgemm; they take {1e3 * att_s:.2f} ms, {att_flops / att_s / 1e9:.1f} GFLOP/s")
+        print(f"  attention: its causal products {att_flops / 1e9:.3f} GFLOP a step, {1e3 * att_flops / (ceiling[2] * 1e9):.2f} ms "
+              f"at the 2-thread sgemm; the whole of attention (the products, the softmax, the E- and M-steps' "
+              f"loops) takes {1e3 * att_s:.2f} ms: {att_flops / att_s / 1e9:.1f} GFLOP/s of its products over that")
         if args.profile:
             print("  cProfile of our step (tottime):")
             profile_step(ours)

@@ -80,9 +80,9 @@ def versions():
     name of the host) and the code's commit: every metrics.json and geometry.json records them (a result is
     reproduced bit for bit only with the same versions, which requirements-lock.txt pins, on the same kind of
     CPU: the compiled kernels use the host's vector instructions, and sums in another order round
-    differently; and with the same code, which a kernel's change of rounding moves). Read once a process
-    (every checkpoint of a run records them, and the code a process runs is the code it imported, whatever
-    is checked out later)."""
+    differently; and with the same code, which a kernel's change of rounding moves). Read once a process, at
+    its first call (a run's first checkpoint), so that every checkpoint of a run records the same, whatever is
+    checked out later (the code a process runs is the code it imported, before that first call)."""
     return dict(_versions())
 
 

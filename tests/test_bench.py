@@ -248,36 +248,53 @@ def test_the_memory_floor_counts_each_array_once_and_an_inner_calls_arrays_in_th
     """A linear op over x (4x8 float32, 128 bytes) and w (8x2, 64), adding a bias (2, 8) to its product's
     result (4x2, 32) in a new array (32): the product moves 128 + 64 + 32 = 224 bytes, the linear op only what
     its product does not hold, the bias and its own result, 40 (264 if the inner call's arrays counted again,
-    488 if each call's were added up); x passed twice and as its transpose counts once. The line gives each
-    category outside the products its MB, its floor at the fastest and slowest bandwidth and its time."""
+    488 if each call's were added up); x passed twice, as its transpose and as views that overlap it counts
+    once (128); arrays met only in a keyword argument, a list or a dict count (24 + 12 + 8); a strided view of
+    memory nothing else holds counts its own bytes (every other row of a 4x4: 32 of the 64 it spans). The line
+    gives each category outside the products its MB, its floor at the fastest and slowest bandwidth and its
+    time."""
     import numpy as np
     import kernels
     import layers
     from bench import roofline
     x, w, bias = np.ones((4, 8), np.float32), np.ones((8, 2), np.float32), np.ones(2, np.float32)
+    g, listed, held = np.ones(6, np.float32), np.ones(3, np.float32), np.ones(2, np.float32)
+    grid = np.ones((4, 4), np.float32)
 
     def linear(x, w, bias):
         return kernels.matmul(x, w) + bias
 
     def step():
         layers.FAST["linear_forward"](x, w, bias)
-        layers.FAST["attention_forward"](x, x.T, [x, {"again": x}])
-    with kernels.enabled(), layers.use_twins({"linear_forward": linear, "attention_forward": lambda *a: None}):
+        layers.FAST["attention_forward"](x, x.T, [x[:2], {"again": x[1:]}])
+        layers.FAST["layernorm_forward"](x, g=g, cache=([listed], {"held": held}))
+        layers.FAST["gelu_forward"](grid[::2])
+    twins = {"linear_forward": linear, "attention_forward": lambda *a: None,
+             "layernorm_forward": lambda *a, **k: None, "gelu_forward": lambda y: None}
+    with kernels.enabled(), layers.use_twins(twins):
         moved = roofline.exclusive_bytes(step)
-    assert moved == {"matmul": 224, "linear_forward": 40, "attention_forward": 128}
-    assert roofline.arrays((x, x[:2], x[1:])) == {x.__array_interface__["data"][0]: 128,
-                                                  x[1:].__array_interface__["data"][0]: 96}
+    assert moved == {"matmul": 224, "linear_forward": 40, "attention_forward": 128, "layernorm_forward": 128 + 44,
+                     "gelu_forward": 32}
+    assert roofline.distinct_bytes(roofline.arrays((grid, grid[::2]))) == 64     # the view inside its array
+    assert roofline.distinct_bytes(roofline.arrays(x), below=[(0, 2 ** 62)]) == 0
     text = roofline.memory_line({"attention_backward": 2e6, "matmul": 5e9, "adamw_update": 0},
                                 {"attention_backward": 1e-3, "matmul": 1.0}, {"L2": 100.0, "memory": 10.0})
     assert text == "attention 2.00 MB, floor 0.02-0.20 ms, takes 1.00 ms"
 
 
-def test_the_copy_bandwidth_counts_both_copies_of_a_round_and_what_each_reads_and_writes(monkeypatch):
-    """Two arrays of 1 MiB, 2^29 / 2 MiB = 256 rounds of two copies in a run, each copy reading and writing 1 MiB:
-    4 MiB a round, 2^30 bytes a run; on a clock that moves 1 s a reading, 1.0737 GB/s (half that counting reads
-    only, or one copy a round)."""
+def test_the_copy_bandwidth_counts_both_copies_of_a_round_and_what_each_moves(monkeypatch):
+    """Two arrays of 1 MiB, 2^29 / 2 MiB = 256 rounds of two copies in a run, each copy moving three times its
+    1 MiB (read, written, and read by the cache before it is written): 6 MiB a round; on a clock that moves
+    1 s a reading, 1.6106 GB/s (two thirds of that without the cache's read, half with one copy a round). The
+    kernel itself: every element of both arrays moves in every copy of every round (b = a + 1, a = b + 1 from
+    zeros: 2r - 1 and 2r after r rounds), whatever the threads' parts."""
     import itertools
+    import numpy as np
     from bench import roofline
+    for parts in (1, 2, 3):
+        a, b = np.zeros(10, np.float32), np.zeros(10, np.float32)
+        roofline._copy_back_and_forth(a, b, parts, 3)
+        assert (b == 5).all() and (a == 6).all()
     ticks = itertools.count()
     monkeypatch.setattr(roofline.time, "perf_counter", lambda: float(next(ticks)))
-    assert abs(roofline.copy_bandwidth(2 ** 20, repeats=2) - 2 ** 30 / 1e9) < 1e-12
+    assert abs(roofline.copy_bandwidth(2 ** 20, repeats=2) - 3 * 2 ** 29 / 1e9) < 1e-12
