@@ -13,8 +13,8 @@ on the fast path (inside `with kernels.enabled():`). PyTorch gets the same float
 (torch.set_num_threads(2)): pre-LN blocks, separate q/k/v/o projections with biases, GELU (tanh),
 learned positions, final LN, untied unembedding, AdamW with decay on the same tensors, cross-entropy
 on the masked positions. PyTorch shares this process's OpenMP runtime and so its wait policy,
-OMP_WAIT_POLICY=passive as our code sets it (its workers sleep between parallel loops; its default spins, and its
-step is 1.2-2.8x faster so: docs/PERFORMANCE.md). Ours and PyTorch's steps are timed alternately, so a change in the load of
+OMP_WAIT_POLICY=passive as our code sets it (its workers sleep between parallel loops; at its default they spin,
+and its step was 1.2-2.8x faster so: docs/PERFORMANCE.md). Ours and PyTorch's steps are timed alternately, so a change in the load of
 this shared machine falls on both; every number is a median over repeats, with the load beside it.
 
 Also reported: our step with Numba held to one thread (the bijection paper preset trains that way);
