@@ -163,13 +163,13 @@ def _copy_back_and_forth(a, b, parts, rounds):
     """rounds of two copies, b = a + 1 then a = b + 1 (an add is free beside the memory, and makes every copy
     show in the values), each of parts threads over its own part of the arrays (one parallel launch for them
     all, so small arrays measure the cache, not the launch)."""
+    one = a.dtype.type(1)
     for p in numba.prange(parts):
         lo, hi = p * a.size // parts, (p + 1) * a.size // parts
+        x, y = a[lo:hi], b[lo:hi]
         for _ in range(rounds):
-            for i in range(lo, hi):
-                b[i] = a[i] + 1
-            for i in range(lo, hi):
-                a[i] = b[i] + 1
+            np.add(x, one, y)            # (element loops ran at a tenth of this: not vectorised)
+            np.add(y, one, x)
 
 
 def copy_bandwidth(nbytes, repeats=5):
