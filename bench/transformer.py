@@ -613,7 +613,7 @@ def bench(args):
           f"large products split in row blocks over the Numba threads  ({load()})")
 
     bandwidth = {k: roofline.copy_bandwidth(v) for k, v in roofline.BANDWIDTH_SIZES.items()}
-    print("copy bandwidth on every Numba thread (best of 5), reads and writes counted: " +
+    print("copy bandwidth on every Numba thread (best of 5), a copy of n bytes counted as 3n moved (read, written, read by the cache before the write): " +
           ", ".join(f"{gbs:.0f} GB/s in {where} (two arrays of {roofline.BANDWIDTH_SIZES[where] / 2 ** 20:g} MiB)"
                     for where, gbs in bandwidth.items()) + f"  ({load()})")
 
