@@ -126,7 +126,7 @@ def distinct_bytes(found, below=()):
     views = [(lo, hi, n) for lo, hi, n, contiguous in found if not contiguous]
     for i, (lo, hi, n) in enumerate(views):
         others = merged(whole + below + [(a, b) for j, (a, b, _) in enumerate(views) if j != i])
-        total += n if overlap(lo, hi, others) == 0 else 0
+        total += min(n, hi - lo) if overlap(lo, hi, others) == 0 else 0     # a broadcast view holds its span only
     return total
 
 

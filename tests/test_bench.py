@@ -276,6 +276,7 @@ def test_the_memory_floor_counts_each_array_once_and_an_inner_calls_arrays_in_th
     assert moved == {"matmul": 224, "linear_forward": 40, "attention_forward": 128, "layernorm_forward": 128 + 44,
                      "gelu_forward": 32}
     assert roofline.distinct_bytes(roofline.arrays((grid, grid[::2]))) == 64     # the view inside its array
+    assert roofline.distinct_bytes(roofline.arrays(np.broadcast_to(g[:1], (100,)))) == 4    # 400 bytes shown, 4 held
     assert roofline.distinct_bytes(roofline.arrays(x), below=[(0, 2 ** 62)]) == 0
     text = roofline.memory_line({"attention_backward": 2e6, "matmul": 5e9, "adamw_update": 0},
                                 {"attention_backward": 1e-3, "matmul": 1.0}, {"L2": 100.0, "memory": 10.0})
