@@ -222,9 +222,8 @@ def main(argv=None):
     sgemm = max(bench.sgemm_gflops(2, n, reps) for _ in range(3))
     print(f"sgemm {n}x{n} float32, 2 threads (best of 3 runs): {sgemm:.1f} GFLOP/s, the roofline's reference  "
           f"({bench.load()})")
-    bandwidth = {k: roofline.copy_bandwidth(v) for k, v in roofline.BANDWIDTH_SIZES.items()}
-    print("copy bandwidth on every Numba thread (best of 5), a copy of n bytes counted as 3n moved (read, written, read by the cache before the write): " +
-          ", ".join(f"{gbs:.0f} GB/s in {where}" for where, gbs in bandwidth.items()) + f"  ({bench.load()})")
+    bandwidth, line = roofline.bandwidths()
+    print(line + f"  ({bench.load()})")
     with kernels.enabled():                                # the fast path, as train.py runs
         ratios = run(shapes, repeats, 1 if args.quick else 3, torch_version, families, sgemm, bandwidth)
     worst = max(ratios.values()) if ratios else float("nan")

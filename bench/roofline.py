@@ -195,6 +195,15 @@ def copy_bandwidth(nbytes, repeats=5):
 BANDWIDTH_SIZES = {"L2": 128 * 1024, "L3": 4 * 2 ** 20, "memory": 256 * 2 ** 20}
 
 
+def bandwidths():
+    """-> ({where: GB/s} at BANDWIDTH_SIZES, the line the benches print of it)."""
+    bw = {k: copy_bandwidth(v) for k, v in BANDWIDTH_SIZES.items()}
+    return bw, ("copy bandwidth on every Numba thread (best of 5), a copy of n bytes counted as 3n moved (read, "
+                "written, read by the cache before the write): " +
+                ", ".join(f"{gbs:.0f} GB/s in {where} (two arrays of {BANDWIDTH_SIZES[where] / 2 ** 20:g} MiB)"
+                          for where, gbs in bw.items()))
+
+
 def memory_line(op_bytes, op_seconds, bandwidth):
     """{op: bytes a step}, {op: seconds a step} and {where: GB/s} -> one line: per category outside the
     products, the MB it must move a step, its floor (those bytes at the fastest and at the slowest of the

@@ -612,10 +612,8 @@ def bench(args):
           f"each of the step's BLAS calls uses {os.environ['OPENBLAS_NUM_THREADS']} (OPENBLAS_NUM_THREADS), "
           f"large products split in row blocks over the Numba threads  ({load()})")
 
-    bandwidth = {k: roofline.copy_bandwidth(v) for k, v in roofline.BANDWIDTH_SIZES.items()}
-    print("copy bandwidth on every Numba thread (best of 5), a copy of n bytes counted as 3n moved (read, written, read by the cache before the write): " +
-          ", ".join(f"{gbs:.0f} GB/s in {where} (two arrays of {roofline.BANDWIDTH_SIZES[where] / 2 ** 20:g} MiB)"
-                    for where, gbs in bandwidth.items()) + f"  ({load()})")
+    bandwidth, line = roofline.bandwidths()
+    print(line + f"  ({load()})")
 
     start_all, start_one = parallel_start_us(10 * args.repeats)
     print(f"an almost empty parallel loop: {start_all:.1f} us on {numba.get_num_threads()} Numba threads, "
