@@ -23,7 +23,7 @@ GFLOP/s (matmul + attention flops counted analytically) beside a large float32 m
 machine; the step's layer products (its kernels.PRODUCTS calls, recorded and run again alone)
 and what half the sgemm rate would leave for the rest of the step; the roofline line (bench/roofline.py:
 each op's own time inside a step, by category, against the 2-thread sgemm); Numba compile time (fresh cache
-against cached); peak resident memory of a training loop.
+against cached). The peak memory of a training run, and how a step's time grows with its sizes: bench/scaling.py.
 The last line is `worst ratio ours/torch: R` (R = nan without PyTorch). The other families (LSTM, SSM) against
 PyTorch: bench/recurrent.py.
 """
@@ -38,7 +38,6 @@ os.environ.setdefault("OMP_WAIT_POLICY", "passive")  # as layers.py; PyTorch in 
 
 import argparse  # noqa: E402
 import math  # noqa: E402
-import resource  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
@@ -358,7 +357,7 @@ def bench_kernels(cfg, batch, repeats):
 
 
 # ----------------------------------------------------------------------------
-# measurements in fresh processes: sgemm ceiling, compile time, memory
+# measurements in fresh processes: sgemm ceiling, compile time
 
 def child(code, env=None, timeout=600):
     """Run `code` in a fresh Python started in the repository's folder (so it imports as this one does); -> its
@@ -404,24 +403,6 @@ def compile_seconds():
     with tempfile.TemporaryDirectory() as cache:
         env = {"NUMBA_CACHE_DIR": cache}                   # leaves the project's own cache alone
         return float(child(COMPILE, env)), float(child(COMPILE, env))
-
-
-def memory_child(name, steps):
-    """A training loop of `steps` steps as train.py runs it (a new batch each step); prints peak RSS in MiB."""
-    cfg, params, _ = setup(name)
-    s = SHAPES[name]
-    state = optim.adamw_init(params)
-    model = lambda p, tok, tgt, m: models.loss_and_grads("transformer", p, tok, tgt, m, cfg)
-    with kernels.enabled():
-        for step in range(steps):
-            batch = tasks.sample(s["task"], np.random.default_rng((0, step)), s["batch"], task_settings(s))
-            training.train_step(model, params, state, batch["tokens"], batch["targets"], batch["mask"], LR,
-                                WEIGHT_DECAY)
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)   # Linux: KiB
-
-
-def peak_rss_mib(name, steps):
-    return float(child(f"from bench import transformer; transformer.memory_child({name!r}, {steps})"))
 
 
 # ----------------------------------------------------------------------------
@@ -592,11 +573,6 @@ def bench(args):
             print(f"{name}: " + "; ".join(f"{k} {b:.2f} ms against {a:.2f} ({b / a:.2f}x)" for k, (a, b) in t.items())
                   + f"  ({load()})")
         return
-    # first, while this process is small: a child's ru_maxrss starts from its parent's at the fork
-    mem_shape, mem_steps = (QUICK[0], (5, 20)) if args.quick else ("bij-default", (50, 200))
-    peak_rss_mib(mem_shape, 1)                             # fills Numba's cache: compiling is not training
-    rss = [peak_rss_mib(mem_shape, n) for n in mem_steps]
-    rss_load = load()
     torch_version = torch_available()
     warmup = 2 if args.quick else 5
     print(f"python -m bench.transformer  {load()}  numpy {np.__version__}  numba {numba.__version__} "
@@ -672,8 +648,6 @@ def bench(args):
     cold, cached = compile_seconds()
     print(f"\nNumba compile: import + first step in a fresh process {cold:.1f} s with the cache cleared, "
           f"{cached:.1f} s cached  ({load()})")
-    print(f"peak RSS of a training loop at {mem_shape}, each in a fresh process: " +
-          ", ".join(f"{r:.0f} MiB after {n} steps" for n, r in zip(mem_steps, rss)) + f"  ({rss_load})")
     worst = max(ratios.values()) if ratios else float("nan")
     print(f"worst ratio ours/torch: {worst:.2f}" if ratios else "worst ratio ours/torch: nan")
 

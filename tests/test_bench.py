@@ -29,7 +29,7 @@ def test_quick_runs_and_ends_with_the_worst_ratio():
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.strip().splitlines()
     assert LAST_LINE.fullmatch(lines[-1]), f"last line {lines[-1]!r}"
-    assert any("sgemm" in line for line in lines) and any("peak RSS" in line for line in lines)
+    assert any("sgemm" in line for line in lines) and any("Numba compile" in line for line in lines)
     assert sum("ours with 1 Numba thread" in line for line in lines) == 2      # one per quick shape
     products = [PRODUCTS_LINE.fullmatch(line) for line in lines if "layer products alone" in line]
     assert len(products) == 2 and all(products), [line for line in lines if "products" in line]
@@ -299,3 +299,77 @@ def test_the_copy_bandwidth_counts_both_copies_of_a_round_and_what_each_moves(mo
     ticks = itertools.count()
     monkeypatch.setattr(roofline.time, "perf_counter", lambda: float(next(ticks)))
     assert abs(roofline.copy_bandwidth(2 ** 20, repeats=2) - 3 * 2 ** 29 / 1e9) < 1e-12
+
+
+# ----------------------------------------------------------------------------
+# bench/scaling.py: how a step's cost grows
+
+def test_the_exponent_is_the_least_squares_slope_of_log_time_on_log_size():
+    from bench import scaling
+    # three sizes in equal ratios: the middle point does not move the slope, log(16 / 1) / log(4) = 2; a slope
+    # read from the first two points would be log2(3) = 1.585, one of time on size (not logs) 15 / 48 = 0.31
+    assert scaling.exponent([16, 32, 64], [1.0, 3.0, 16.0]) == pytest.approx(2.0)
+    # four sizes: log2 values 0, 1, 2, 6 at 0, 1, 2, 3: slope 9.5 / 5 = 1.9, where the ends alone give 2
+    assert scaling.exponent([1, 2, 4, 8], [1.0, 2.0, 4.0, 64.0]) == pytest.approx(1.9)
+    assert scaling.exponent([3, 6, 12], [5.0, 5.0, 5.0]) == 0.0
+    for sizes, values in [([1, 2, 4], [1.0, 0.0, 2.0]), ([2, 2, 2], [1.0, 2.0, 3.0]), ([1, 2], [1.0, 2.0, 3.0])]:
+        with pytest.raises(ValueError, match="exponent needs"):
+            scaling.exponent(sizes, values)
+
+
+def test_a_point_scales_one_axis_and_holds_the_others_as_the_command_line_would():
+    from bench import scaling
+    cfg, B, T, size = scaling.point("transformer", "default", "batch", 2.0)
+    assert (B, T, cfg.d_model, size) == (128, 38, 64, 128)
+    cfg, B, T, size = scaling.point("transformer", "default", "length", 0.5)
+    assert (B, T, cfg.max_len, size) == (64, 19, 38, 19)               # the position table keeps its rows
+    cfg, B, T, size = scaling.point("transformer", "default", "length", 2.0)
+    assert (T, cfg.max_len) == (76, 76)
+    cfg, B, T, size = scaling.point("transformer", "default", "width", 0.5)
+    assert (B, T, cfg.d_model, cfg.d_mlp, cfg.n_heads, size) == (64, 38, 32, 128, 2, 32)
+    base, _, _, _ = scaling.point("ssm", "default", "width", 1.0)     # capacity-matched: width 101, dt_rank 7
+    cfg, _, _, size = scaling.point("ssm", "default", "width", 2.0)
+    assert (base.d_model, base.dt_rank, cfg.d_model, cfg.dt_rank, size) == (101, 7, 202, 13, 202)   # ceil(202 / 16)
+    with pytest.raises(ValueError, match="allowed are batch, length, width"):
+        scaling.point("transformer", "default", "depth", 2.0)
+
+
+def test_the_peak_memory_is_this_process_high_water_mark_in_mib():
+    import numpy as np
+    from bench import scaling
+    status = dict(line.split(":", 1) for line in open("/proc/self/status") if ":" in line)
+    kib = lambda key: int(status[key].split()[0])
+    grow = (kib("VmHWM") - kib("VmRSS")) * 1024 + 64 * 2 ** 20        # 64 MiB above the peak so far
+    before = scaling.peak_mib()
+    assert before == pytest.approx(kib("VmHWM") / 1024, abs=8)       # MiB, not KiB or bytes
+    block = np.ones(grow // 8)                                        # written, so resident
+    after = scaling.peak_mib()
+    assert 56 < after - before < 80, (before, after)
+    del block
+
+
+@pytest.mark.parametrize("args", [["--families", "transformer,gru"], ["--table", "speed"], ["--repeats", "0"]])
+def test_the_scaling_bench_refuses_bad_arguments_in_one_line(args):
+    out = subprocess.run([sys.executable, "-m", "bench.scaling", *args], capture_output=True, text=True, timeout=300,
+                         cwd=ROOT)
+    assert out.returncode == 2 and out.stdout == "", (out.stdout, out.stderr)
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("python -m bench.scaling: error: ") \
+        and args[1].split(",")[-1] in lines[0]
+
+
+@pytest.mark.ci_only
+def test_the_scaling_bench_quick_prints_every_family_axis_and_memory_row():
+    import models
+    out = subprocess.run([sys.executable, "-m", "bench.scaling", "--quick"], capture_output=True, text=True,
+                         timeout=900, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    axis = re.compile(r"  (batch|length|width) +\d+ / +\d+ / +\d+: +[\d.]+ / +[\d.]+ / +[\d.]+ ms   exponent "
+                      r"-?\d+\.\d\d \(FLOPs \d+\.\d\d\)  \(load .*\)")
+    lines = out.stdout.splitlines()
+    assert sum(bool(axis.fullmatch(line)) for line in lines) == 3 * len(models.FAMILIES), out.stdout
+    rows = [line.split() for line in lines if line.startswith("  ") and "bijection quick" in line]
+    assert [(r[0], r[3]) for r in rows] == [(f, s) for f in models.FAMILIES for s in ("2", "20")], out.stdout
+    for r in rows:
+        before, peak, adds = map(float, r[4:7])
+        assert 0 < before <= peak and adds == pytest.approx(peak - before, abs=0.11)

@@ -93,6 +93,7 @@ SHORT = {
     "python -m bench.transformer": "python -m bench.transformer --quick",
     "python -m bench.transformer --sgemm": "python -m bench.transformer --sgemm",
     "python -m bench.recurrent": "python -m bench.recurrent --quick",
+    "python -m bench.scaling": "python -m bench.scaling --quick",
 }
 SWEEP = ("the recall sweeps train 25 cells of 4,000 steps or more each at the default sizes and take no shorter "
          "settings; their machinery is tests/test_matrix.py's")
