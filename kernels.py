@@ -22,7 +22,6 @@ import ctypes
 import math
 import os
 import sys
-from concurrent.futures import ThreadPoolExecutor
 
 import numba
 import numpy as np
@@ -243,80 +242,93 @@ def embedding_backward(dx, cache):
 
 
 # ----------------------------------------------------------------------------
-# linear layer: BLAS runs with one thread (NumPy releases the GIL inside it, so two calls on two threads run
-# at the same time). Forward, a large product is cut into blocks of rows, one BLAS call per Numba thread;
-# backward, the layer's two products dx = dout W^T and dW = x^T dout (the same multiply-adds) run one on each
-# thread, each whole (cutting both by rows instead: the step 0.98-1.09x as slow, `python -m bench.transformer
-# --tricks`), and on one or two threads dW's bits do not depend on the thread count. matmul_tn, cut by rows,
-# adds its blocks' partial sums, so its last bits do (matmul_pair cuts its products so on more than two threads).
+# linear layer: BLAS runs with one thread, and a Numba parallel loop hands each of its threads one BLAS call
+# (np.dot with an out array, inside the loop: Numba calls the same BLAS as NumPy). Forward, a large product
+# is cut into blocks of rows, one block a thread; backward, the layer's two products dx = dout W^T and
+# dW = x^T dout (the same multiply-adds) run one on each thread, each whole (cutting both by rows instead:
+# the step 0.98-1.09x as slow, `python -m bench.transformer --tricks`), and on one or two threads dW's bits
+# do not depend on the thread count. matmul_tn, cut by rows, adds its blocks' partial sums, so its last bits
+# do (matmul_pair cuts its products so on more than two threads). The loop's other thread is OpenMP's own
+# worker, which is awake where the workers spin: a Python thread handing over the second call cost about
+# 105 us a product and shared a core with that worker (docs/PERFORMANCE.md).
 
 PRODUCTS = ("matmul", "matmul_tn", "matmul_pair")   # the layers' matrix products (the benches time them apart)
 SPLIT_FLOPS = 1 << 25      # multiply-adds: a smaller product goes to BLAS whole (handing out row blocks costs more)
 PAIR_FLOPS = 1 << 24       # the same for matmul_pair's products side by side; both read off the products' table
                            # of the preset shapes, `python -m bench.transformer --products` (docs/PERFORMANCE.md)
-_pool = None               # ThreadPoolExecutor, created on first use
 
 
-def _blocks(N):
+@njit(cache=True, parallel=True)
+def rows_kernel(a, b, out, bounds):
+    """out[lo:hi] = a[lo:hi] @ b for each block of rows [bounds[c], bounds[c + 1]), one block an iteration."""
+    for c in prange(bounds.shape[0] - 1):
+        lo, hi = bounds[c], bounds[c + 1]
+        np.dot(a[lo:hi], b, out[lo:hi])
+
+
+@njit(cache=True, parallel=True)
+def rows_tn_kernel(a, b, part, bounds):
+    """part[c] = a[lo:hi]^T b[lo:hi] for each block of rows, one block an iteration."""
+    for c in prange(bounds.shape[0] - 1):
+        lo, hi = bounds[c], bounds[c + 1]
+        np.dot(a[lo:hi].T, b[lo:hi], part[c])
+
+
+@njit(cache=True, parallel=True)
+def pair_kernel(a, b, ab, xt, y, xty):
+    """ab = a @ b and xty = xt @ y, one product an iteration."""
+    for i in prange(2):
+        if i == 0:
+            np.dot(a, b, ab)
+        else:
+            np.dot(xt, y, xty)
+
+
+def _bounds(N):
     nt = min(numba.get_num_threads(), N)
-    return [(N * c // nt, N * (c + 1) // nt) for c in range(nt)]
+    return np.array([N * c // nt for c in range(nt + 1)], dtype=np.int64)
 
 
-def _split(N, K, M, threshold=None):
-    """Is an (N, K) @ (K, M) product worth cutting into row blocks (or, with threshold PAIR_FLOPS, worth a thread)?"""
-    return N * K * M >= (SPLIT_FLOPS if threshold is None else threshold) and numba.get_num_threads() > 1 and N > 0
-
-
-def _submit(job):
-    """Start job() on the pool's thread(s) -> its future."""
-    global _pool
-    if _pool is None:
-        _pool = ThreadPoolExecutor(max_workers=max(1, numba.config.NUMBA_NUM_THREADS - 1))
-    return _pool.submit(job)
-
-
-def _run_blocks(jobs):
-    """Run the calls in jobs, the first on this thread and the rest on the pool; wait for all."""
-    futures = [_submit(job) for job in jobs[1:]]
-    jobs[0]()
-    for fut in futures:
-        fut.result()
+def _split(N, K, M, threshold=None, *arrays):
+    """Is an (N, K) @ (K, M) product worth cutting into row blocks (or, with threshold PAIR_FLOPS, worth a
+    thread)? Only where every array has one floating type (BLAS's, and Numba's np.dot, take no mixtures)."""
+    return (N * K * M >= (SPLIT_FLOPS if threshold is None else threshold) and numba.get_num_threads() > 1
+            and N > 0 and len({x.dtype for x in arrays}) == 1 and arrays[0].dtype in (np.float32, np.float64))
 
 
 def matmul(a, b):
     """a (N, K) @ b (K, M) -> (N, M); out[rows] = a[rows] @ b for each block of rows."""
     N, M = a.shape[0], b.shape[1]
-    if not _split(N, a.shape[1], M):
+    if not _split(N, a.shape[1], M, None, a, b):
         return a @ b
-    out = np.empty((N, M), dtype=np.result_type(a, b))
-    _run_blocks([lambda lo=lo, hi=hi: np.matmul(a[lo:hi], b, out=out[lo:hi]) for lo, hi in _blocks(N)])
+    out = np.empty((N, M), dtype=a.dtype)
+    rows_kernel(a, b, out, _bounds(N))
     return out
 
 
 def matmul_tn(a, b):
     """a (N, K), b (N, M) -> a^T b (K, M), a sum over rows: each block sums its rows, then the blocks add."""
     N, K, M = a.shape[0], a.shape[1], b.shape[1]
-    if not _split(N, K, M):
+    if not _split(N, K, M, None, a, b):
         return a.T @ b
-    blocks = _blocks(N)
-    part = np.empty((len(blocks), K, M), dtype=np.result_type(a, b))
-    _run_blocks([lambda c=c, lo=lo, hi=hi: np.matmul(a[lo:hi].T, b[lo:hi], out=part[c])
-                 for c, (lo, hi) in enumerate(blocks)])
+    bounds = _bounds(N)
+    part = np.empty((len(bounds) - 1, K, M), dtype=a.dtype)
+    rows_tn_kernel(a, b, part, bounds)
     return part.sum(axis=0)
 
 
 def matmul_pair(a, b, x, y):
-    """(a @ b, x^T y), two independent products: when the first is large, the second runs on the pool's thread
-    while this one computes the first, each by one whole BLAS call. With more than two threads, products large
-    enough to cut (SPLIT_FLOPS) are each cut by rows instead."""
+    """(a @ b, x^T y), two independent products: when the first is large, one on each of two threads, each by
+    one whole BLAS call. With more than two threads, products large enough to cut (SPLIT_FLOPS) are each cut
+    by rows instead."""
     N, K, M = a.shape[0], a.shape[1], b.shape[1]
-    if numba.get_num_threads() > 2 and _split(N, K, M):     # more threads than products
+    if numba.get_num_threads() > 2 and _split(N, K, M, None, a, b, x, y):     # more threads than products
         return matmul(a, b), matmul_tn(x, y)
-    if not _split(N, K, M, PAIR_FLOPS):
+    if not _split(N, K, M, PAIR_FLOPS, a, b, x, y):
         return a @ b, x.T @ y
-    second = _submit(lambda: x.T @ y)
-    return a @ b, second.result()
-
+    ab, xty = np.empty((N, M), dtype=a.dtype), np.empty((x.shape[1], y.shape[1]), dtype=a.dtype)
+    pair_kernel(a, b, ab, x.T, y, xty)
+    return ab, xty
 
 
 def linear_forward(x, w, b):

@@ -392,11 +392,19 @@ def test_split_matmuls_match_blas(dtype, monkeypatch):
     including fewer rows than threads, and a transposed right factor must give the plain product."""
     monkeypatch.setattr(kernels, "SPLIT_FLOPS", 0)
     monkeypatch.setattr(kernels, "PAIR_FLOPS", 0)
-    handed = []                                                # the calls that went to the pool's thread
-    monkeypatch.setattr(kernels, "_submit", lambda job, submit=kernels._submit: handed.append(job) or submit(job))
+    handed = _record_parallel_products(monkeypatch)           # the calls that went to a parallel loop
     with two_numba_threads():
         _check_split_matmuls(dtype)
-    assert len(handed) >= 12                                   # matmul twice, matmul_tn, matmul_pair: 4 sizes
+    assert [handed.count(k) for k in ("rows_kernel", "rows_tn_kernel", "pair_kernel")] == [8, 4, 4]   # 4 sizes
+
+
+def _record_parallel_products(monkeypatch):
+    """Wrap the parallel product loops of kernels so that each call's name is recorded; -> the list of names."""
+    handed = []
+    for name in ("rows_kernel", "rows_tn_kernel", "pair_kernel"):
+        monkeypatch.setattr(kernels, name, lambda *args, f=getattr(kernels, name), name=name: handed.append(name)
+                            or f(*args))
+    return handed
 
 
 def test_more_threads_than_products_cut_each_by_rows(monkeypatch):
@@ -416,11 +424,10 @@ def test_more_threads_than_products_cut_each_by_rows(monkeypatch):
     _close(dx, c @ z.T, np.float64)
     _close(dw, a.T @ c, np.float64)
     monkeypatch.setattr(kernels, "SPLIT_FLOPS", 10 ** 9)        # too small to cut, large enough to pair
-    handed = []
-    monkeypatch.setattr(kernels, "_submit", lambda job, submit=kernels._submit: handed.append(job) or submit(job))
+    handed = _record_parallel_products(monkeypatch)
     calls.clear()
     dx, dw = kernels.matmul_pair(c, z.T, a, c)
-    assert calls == [] and len(handed) == 1                    # x^T y on the pool's thread, a @ b on this one
+    assert calls == [] and handed == ["pair_kernel"]           # a @ b and x^T y, one an iteration
     _close(dx, c @ z.T, np.float64)
     _close(dw, a.T @ c, np.float64)
 
