@@ -10,7 +10,6 @@ import os
 import pytest
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
 
 def pytest_configure(config):

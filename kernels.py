@@ -193,13 +193,14 @@ def _fast_tanh_compiled(x):
 
 
 # ----------------------------------------------------------------------------
-# how many threads a kernel gets: waking Numba's sleeping worker costs more than a small kernel's
-# work (`python -m bench.transformer` prints both), so a kernel estimated under PARALLEL_MIN_US on one thread
-# runs on the calling thread. With t the one-thread time and s the two-thread speed-up (about
-# 1.5), one thread wins when t + 12 us < t / s + 76 us, i.e. t < 64 us / (1 - 1/s) ~ 200 us.
-# Under OMP_WAIT_POLICY=active the workers spin and every kernel takes all threads.
+# how many threads a kernel gets. At OpenMP's default the worker spins a while after a parallel loop before
+# it sleeps, so starting the next loop costs about 3 us and every kernel takes all threads. Where the user
+# sets OMP_WAIT_POLICY=passive the worker sleeps at once, and waking it costs more than a small kernel's
+# work (`python -m bench.transformer` prints both), so a kernel estimated under PARALLEL_MIN_US on one
+# thread runs on the calling thread: with t the one-thread time and s the two-thread speed-up (about 1.5),
+# one thread wins when t + 12 us < t / s + 76 us, i.e. t < 64 us / (1 - 1/s) ~ 200 us.
 
-PARALLEL_MIN_US = 0.0 if os.environ.get("OMP_WAIT_POLICY", "").lower() == "active" else 200.0
+PARALLEL_MIN_US = 200.0 if os.environ.get("OMP_WAIT_POLICY", "").lower() == "passive" else 0.0
 
 
 def run_kernel(kernel, items, ns_per_item, *args):

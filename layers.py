@@ -24,10 +24,10 @@ The tests reach this code as op.numpy and the twin as kernels.<name> (or <family
 
 import os
 
-# BLAS gets one thread and Numba the cores: on 2 cores their worker threads otherwise fight (and
-# OpenMP's idle workers should sleep, not spin). Only counts before NumPy is first imported.
+# BLAS gets one thread and Numba the cores: on 2 cores their worker threads otherwise fight. Only counts
+# before NumPy is first imported. (OpenMP's wait policy is left at its default: a worker spins a while
+# after a parallel loop, so the next starts in microseconds; kernels.py says what passive would change.)
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
 import contextlib  # noqa: E402
 import functools  # noqa: E402

@@ -30,7 +30,6 @@ where H_Bayes is graded, the query swap) comes from its module (tasks.TASKS, PRO
 import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # see layers.py: BLAS threads fight Numba's
-os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
 
 import numpy as np  # noqa: E402

@@ -11,6 +11,9 @@ their twins in kernels.py ("numba"), chosen by the `path` fixture. No test may l
 """
 
 import math
+import os
+import subprocess
+import sys
 from contextlib import contextmanager
 
 import numba
@@ -447,20 +450,35 @@ def _check_split_matmuls(dtype):
         assert np.array_equal(dw, a.T @ c)                     # dW whole, by one call: the same bits as one thread
 
 
-def test_run_kernel_picks_threads_by_estimated_time():
+def test_run_kernel_picks_threads_by_estimated_time(monkeypatch):
     """A kernel estimated under PARALLEL_MIN_US on one thread runs on one thread; a longer one on all;
-    the caller's thread count comes back afterwards, also when the kernel raises."""
+    the caller's thread count comes back afterwards, also when the kernel raises. At 0 (OpenMP's workers
+    spinning) every kernel takes all threads."""
+    monkeypatch.setattr(kernels, "PARALLEL_MIN_US", 200.0)
     with two_numba_threads():
-        limit_ns = kernels.PARALLEL_MIN_US * 1e3
-        assert kernels.run_kernel(numba.get_num_threads, 1000, limit_ns / 2000) == (1 if limit_ns > 0 else 2)
+        assert kernels.run_kernel(numba.get_num_threads, 1000, 100.0) == 1          # 100 us
         assert numba.get_num_threads() == 2
-        assert kernels.run_kernel(numba.get_num_threads, 1000, limit_ns / 1000) == 2
+        assert kernels.run_kernel(numba.get_num_threads, 1000, 200.0) == 2          # 200 us
+        monkeypatch.setattr(kernels, "PARALLEL_MIN_US", 0.0)
+        assert kernels.run_kernel(numba.get_num_threads, 1, 0.001) == 2
 
         def fails():
             raise ZeroDivisionError("from inside the kernel")
         with pytest.raises(ZeroDivisionError):
             kernels.run_kernel(fails, 0, 0.0)
         assert numba.get_num_threads() == 2
+
+
+def test_small_kernels_keep_one_thread_only_where_the_workers_sleep():
+    """PARALLEL_MIN_US follows OpenMP's wait policy as the process starts: 200 us where OMP_WAIT_POLICY is
+    passive (waking the worker costs more than a small kernel's work), 0 at the default (it spins)."""
+    def limit(policy):
+        env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+        env.update({"OMP_WAIT_POLICY": policy} if policy else {})
+        code = "import kernels; print(kernels.PARALLEL_MIN_US)"
+        return float(subprocess.run([sys.executable, "-c", code], cwd=os.path.dirname(os.path.abspath(__file__)),
+                                    env=env, capture_output=True, text=True, check=True).stdout)
+    assert (limit("passive"), limit("PASSIVE"), limit(None), limit("active")) == (200.0, 200.0, 0.0, 0.0)
 
 
 def _page_faults_of_steps(steps=5, arrays=20, mib=2):
@@ -541,7 +559,7 @@ def test_layernorm_backward_of_no_rows():
 @pytest.mark.ci_only
 @pytest.mark.skipif(numba.config.DISABLE_JIT, reason="counts the compiler's parallel loops")
 def test_each_parallel_kernel_has_one_parallel_loop():
-    """Each parallel loop wakes the worker thread again (about 0.08 ms under OMP_WAIT_POLICY=passive).
+    """Each parallel loop starts the worker thread again (about 0.08 ms under OMP_WAIT_POLICY=passive).
     Inside a parallel kernel np.zeros is a parallel loop of its own (before this test, LayerNorm
     backward, attention forward and cross-entropy had two), so a kernel that used one would pay twice. Compiled afresh (not from the cache) to read the compiler's count."""
     rng = np.random.default_rng(13)

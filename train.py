@@ -15,7 +15,6 @@ the figures harness/plots.py's.
 import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # see layers.py: BLAS threads fight Numba's
-os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
 import csv  # noqa: E402
 import dataclasses

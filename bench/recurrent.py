@@ -28,7 +28,6 @@ if not __package__:                 # run as a file, its folder-qualified import
 import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as bench/transformer.py: BLAS threads fight Numba's
-os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
 import argparse  # noqa: E402
 import sys  # noqa: E402

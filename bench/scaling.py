@@ -33,7 +33,6 @@ if not __package__:                 # run as a file, its folder-qualified import
 import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as bench/transformer.py: BLAS threads fight Numba's
-os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
@@ -224,7 +223,7 @@ def main(argv=None):
         fail(f"--table {args.table}: allowed are time, memory")
     preset = "quick" if args.quick else "default"
     print(f"python -m bench.scaling  {bench.load()}  numba {numba.__version__} ({numba.config.NUMBA_NUM_THREADS} threads)  "
-          f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}")
+          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset: spins a while)')}")
     if args.table != "memory":
         with kernels.enabled():                            # the fast path, as train.py runs
             time_table(families, preset, repeats, 1 if args.quick else 3)

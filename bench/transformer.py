@@ -12,9 +12,9 @@ A step is training.train_step, the step train.py takes (models.loss_and_grads, c
 on the fast path (inside `with kernels.enabled():`). PyTorch gets the same float32 parameters, batch, shapes and thread count
 (torch.set_num_threads(2)): pre-LN blocks, separate q/k/v/o projections with biases, GELU (tanh),
 learned positions, final LN, untied unembedding, AdamW with decay on the same tensors, cross-entropy
-on the masked positions. PyTorch shares this process's OpenMP runtime and so its wait policy,
-OMP_WAIT_POLICY=passive as our code sets it (its workers sleep between parallel loops; at its default they spin,
-and its step was 1.2-2.8x faster so: docs/PERFORMANCE.md). Ours and PyTorch's steps are timed alternately, so a change in the load of
+on the masked positions. PyTorch shares this process's OpenMP runtime and so its wait policy, which both
+leave at its default (a worker spins a while after a parallel loop; until 7 December 2026 our code set
+OMP_WAIT_POLICY=passive, which slowed PyTorch's step 1.2-2.8x: docs/PERFORMANCE.md). Ours and PyTorch's steps are timed alternately, so a change in the load of
 this shared machine falls on both; every number is a median over repeats, with the load beside it.
 
 Also reported: our step with Numba held to one thread (the bijection paper preset trains that way);
@@ -34,7 +34,6 @@ if not __package__:                 # run as a file, its folder-qualified import
 import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as layers.py and train.py: BLAS threads fight Numba's
-os.environ.setdefault("OMP_WAIT_POLICY", "passive")  # as layers.py; PyTorch in this process gets it too
 
 import argparse  # noqa: E402
 import math  # noqa: E402
@@ -457,7 +456,8 @@ print(*(1e3 * np.median(t) for t in times))
 # each trick a code can switch off around one step (a context manager `without`): timed alternately with the
 # step as trained, in one process
 SWITCHED = {
-    "every kernel on all threads (no run_kernel choice)": ("kernels", "PARALLEL_MIN_US", "0.0"),
+    "run_kernel's other choice (small kernels on one thread at the default policy, on all under passive)":
+        ("kernels", "PARALLEL_MIN_US", "200.0 if kernels.PARALLEL_MIN_US == 0 else 0.0"),
     "products not split by rows": ("kernels", "SPLIT_FLOPS", "float('inf')"),
     "a layer's two backward products in turn, each cut by rows (not side by side)":
         ("kernels", "matmul_pair", "lambda a, b, x, y: (kernels.matmul(a, b), kernels.matmul_tn(x, y))"),
@@ -593,7 +593,7 @@ def bench(args):
 
     start_all, start_one = parallel_start_us(10 * args.repeats)
     print(f"an almost empty parallel loop: {start_all:.1f} us on {numba.get_num_threads()} Numba threads, "
-          f"{start_one:.1f} us held to one (OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}; "
+          f"{start_one:.1f} us held to one (OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset: spins a while)')}; "
           f"kernels.PARALLEL_MIN_US = {kernels.PARALLEL_MIN_US:g})")
 
     ratios = {}

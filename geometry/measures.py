@@ -8,7 +8,6 @@ DEFINITIONS says how each probe uses them; tests/test_manifold.py checks them on
 import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # see layers.py: BLAS threads fight Numba's
-os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
 import math  # noqa: E402
 

@@ -9,7 +9,6 @@ what they describe; primitives/matrix.py reads the sizes a run would get.
 import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # see layers.py: BLAS threads fight Numba's
-os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402

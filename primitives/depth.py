@@ -58,7 +58,6 @@ if not __package__:                 # run as a file, its folder-qualified import
 import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # see layers.py: BLAS threads fight Numba's
-os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
 import math  # noqa: E402
 
