@@ -244,11 +244,12 @@ def embedding_backward(dx, cache):
 
 # ----------------------------------------------------------------------------
 # linear layer: BLAS runs with one thread, and a Numba parallel loop hands each of its threads one BLAS call
-# (np.dot with an out array, inside the loop: Numba calls the same BLAS as NumPy). Forward, a large product
-# is cut into blocks of rows, one block a thread; backward, the layer's two products dx = dout W^T and
-# dW = x^T dout (the same multiply-adds) run one on each thread, each whole (cutting both by rows instead:
-# the step 0.98-1.09x as slow, `python -m bench.transformer --tricks`), and on one or two threads dW's bits
-# do not depend on the thread count. matmul_tn, cut by rows, adds its blocks' partial sums, so its last bits
+# (np.dot with an out array, inside the loop: Numba calls the OpenBLAS that SciPy ships, NumPy its own build
+# of it). Forward, a large product is cut into blocks of rows, one block a thread; backward, the layer's two
+# products dx = dout W^T and dW = x^T dout (the same multiply-adds) run one on each thread, each whole
+# (cutting both by rows instead: the step 0.97-1.03x as fast, `python -m bench.transformer --tricks`), and
+# on one or two threads dW's bits do not depend on the thread count (the two libraries agree bit for bit at
+# one BLAS thread; test_bayesattn.py checks it at a preset's shape). matmul_tn, cut by rows, adds its blocks' partial sums, so its last bits
 # do (matmul_pair cuts its products so on more than two threads). The loop's other thread is OpenMP's own
 # worker, which is awake where the workers spin: a Python thread handing over the second call cost about
 # 105 us a product and shared a core with that worker (docs/PERFORMANCE.md).

@@ -435,6 +435,40 @@ def test_more_threads_than_products_cut_each_by_rows(monkeypatch):
     _close(dw, a.T @ c, np.float64)
 
 
+def test_a_layer_gradient_has_the_same_bits_on_one_thread_and_two(monkeypatch):
+    """dW = x^T dout whole on either path: NumPy's x.T @ y on one thread, Numba's np.dot in pair_kernel on two
+    (two builds of OpenBLAS, one BLAS thread each): the same bits at a preset's size, the sawtooth's default
+    MLP layer ((2496, 64)^T (2496, 256)); dx as well."""
+    rng = np.random.default_rng(14)
+    x, d = rng.normal(size=(2496, 64)).astype(np.float32), rng.normal(size=(2496, 256)).astype(np.float32)
+    w = rng.normal(size=(64, 256)).astype(np.float32)
+    handed = _record_parallel_products(monkeypatch)
+    with two_numba_threads():
+        dx2, dw2 = kernels.matmul_pair(d, w.T, x, d)
+    assert handed == ["pair_kernel"]
+    assert np.array_equal(dw2, x.T @ d) and np.array_equal(dx2, d @ w.T)
+
+
+def test_products_of_mixed_or_other_types_go_to_numpy_whole(monkeypatch):
+    """Numba's np.dot takes one floating type: a float32 by float64 product, half precision or integers go to
+    NumPy's @ whole, whatever their size."""
+    monkeypatch.setattr(kernels, "SPLIT_FLOPS", 0)
+    monkeypatch.setattr(kernels, "PAIR_FLOPS", 0)
+    handed = _record_parallel_products(monkeypatch)
+    a = np.arange(12.0).reshape(4, 3)
+    cases = [(a.astype(np.float32), a.T.copy()), (a.astype(np.float16), a.T.astype(np.float16)),
+             (a.astype(np.int64), a.T.astype(np.int64))]
+    with two_numba_threads():
+        for x, y in cases:
+            assert np.array_equal(kernels.matmul(x, y), x @ y)
+            assert np.array_equal(kernels.matmul_tn(x, y.T), x.T @ y.T)
+            dx, dw = kernels.matmul_pair(x, y, x, y.T)
+            assert np.array_equal(dx, x @ y) and np.array_equal(dw, x.T @ y.T)
+        assert handed == []
+        kernels.matmul(a, a.T)                                 # float64 alone: the parallel loop
+    assert handed == ["rows_kernel"]
+
+
 def _check_split_matmuls(dtype):
     rng = np.random.default_rng(9)
     for n in (1, 2, 3, 37):

@@ -19,9 +19,9 @@ overhead that does not grow with the work (Python, thread starts, small products
 
 The peak memory: each (family, preset) in a fresh process, which builds the model as train.py does and takes
 MEMORY_STEPS training steps on the preset's own batches (the default run also ten times as many: a peak
-that grew with the steps would be a leak); it prints the process's peak resident memory after
-its imports and one step of the task's quick preset at batch 1 (which loads the compiled kernels), and after the preset's
-steps (what its model, optimiser state and activations add), beside train.py's
+that grew with the steps would be a leak); it prints the process's resident memory after its imports and one
+step of the task's quick preset at batch 1 (which loads the compiled kernels), and its peak after the preset's
+steps (the difference: what its model, optimiser state and activations add), beside train.py's
 estimate of a step's peak (models.step_memory_bytes, the number it refuses a run by). A run's evaluation and
 probes come on top (train.py's memory check estimates them too). The first process of each family fills
 Numba's cache, so compiling is not counted as training.
@@ -139,22 +139,35 @@ def time_table(families, preset, repeats, warmup):
 # ----------------------------------------------------------------------------
 # peak memory, each run in a fresh process
 
+def _status_mib(key):
+    """A line of /proc/self/status in MiB (it gives kB): VmHWM the peak resident memory, VmRSS the current."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(key + ":")) * 1024 / MIB
+
+
 def peak_mib():
-    """This process's peak resident memory in MiB: VmHWM of /proc/self/status (in kB), which starts afresh at a
-    process's exec; where there is none, ru_maxrss (KiB on Linux), which a child inherits from its parent."""
+    """This process's peak resident memory in MiB: VmHWM, which starts afresh at a process's exec; where there is
+    no /proc, ru_maxrss (KiB on Linux, bytes on macOS), which a child inherits from its parent."""
     try:
-        with open("/proc/self/status") as f:
-            kb = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+        return _status_mib("VmHWM")
     except (OSError, StopIteration):
-        kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return kb * 1024 / MIB
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return rss / MIB if sys.platform == "darwin" else rss * 1024 / MIB
+
+
+def current_mib():
+    """This process's resident memory now, in MiB (VmRSS; where there is no /proc, the peak)."""
+    try:
+        return _status_mib("VmRSS")
+    except (OSError, StopIteration):
+        return peak_mib()
 
 
 def memory_child(family, task, preset, steps):
     """Build the model as `train.py --task task --model family --preset preset` does and take `steps` training
     steps on the preset's batches (a new one each step, as train.py samples them), after one step of the task's
-    quick preset at batch 1 (it loads the compiled kernels, the same code at any size); prints the peak MiB before the
-    preset's steps and after them, and the estimate of a step's peak (models.step_memory_bytes) in MiB."""
+    quick preset at batch 1 (it loads the compiled kernels, the same code at any size); prints the resident MiB
+    before the preset's steps, the peak after them, and the estimate of a step's peak (models.step_memory_bytes) in MiB."""
     def run(preset, steps, extra=()):
         args = flags.parse_args(["--task", task, "--model", family, "--preset", preset, *extra])
         sizes = tasks.sizes(task, args.settings)
@@ -170,7 +183,7 @@ def memory_child(family, task, preset, steps):
                                     args.weight_decay, decay=decay)
         return models.step_memory_bytes(family, cfg, args.batch, sizes["max_len"]) / MIB
     run("quick", 1, ["--batch", "1"])
-    before = peak_mib()
+    before = current_mib()
     estimate = run(preset, steps)
     print(f"{before:.1f} {peak_mib():.1f} {estimate:.1f}")
 
@@ -194,7 +207,7 @@ def memory_runs(quick):
 def memory_table(families, quick):
     runs = memory_runs(quick)
     print("\npeak resident memory of a training run, MiB (each a fresh process, steps on the preset's batches; "
-          "'before': imports and one quick step at batch 1; the estimate: models.step_memory_bytes, train.py's)")
+          "'before': resident after imports and one quick step at batch 1; the estimate: models.step_memory_bytes, train.py's)")
     print(f"  {'family':12s} {'run':18s} {'steps':>5s} {'before':>8s} {'peak':>8s} {'training adds':>14s} {'estimate':>9s}")
     for family in families:
         memory(family, runs[0][0], "quick", 1)             # fills Numba's cache: compiling is not training

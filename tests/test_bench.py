@@ -342,10 +342,12 @@ def test_the_peak_memory_is_this_process_high_water_mark_in_mib():
     grow = (kib("VmHWM") - kib("VmRSS")) * 1024 + 64 * 2 ** 20        # 64 MiB above the peak so far
     before = scaling.peak_mib()
     assert before == pytest.approx(kib("VmHWM") / 1024, abs=8)       # MiB, not KiB or bytes
+    assert scaling.current_mib() == pytest.approx(kib("VmRSS") / 1024, abs=8)
     block = np.ones(grow // 8)                                        # written, so resident
+    del block                                                         # the peak stays, the resident memory not
     after = scaling.peak_mib()
     assert 56 < after - before < 80, (before, after)
-    del block
+    assert after - scaling.current_mib() > 48
 
 
 @pytest.mark.parametrize("args", [["--families", "transformer,gru"], ["--table", "speed"], ["--repeats", "0"]])
