@@ -77,10 +77,10 @@ def exponent(sizes, values):
 # ----------------------------------------------------------------------------
 # the model a command line builds, and the same model at another batch, length or width
 
-def built(family, preset, extra=()):
-    """-> (args, cfg, T) of `python train.py --model family --preset preset [extra]`: the flags train.py parses
-    and the Config it builds, T the training length."""
-    args = flags.parse_args(["--model", family, "--preset", preset, *extra])
+def built(family, preset, extra=(), task=None):
+    """-> (args, cfg, T) of `python train.py [--task task] --model family --preset preset [extra]`: the flags
+    train.py parses and the Config it builds, T the training length."""
+    args = flags.parse_args([*(["--task", task] if task else []), "--model", family, "--preset", preset, *extra])
     sizes = tasks.sizes(args.task, args.settings)
     return args, flags.model_config(args, sizes, family), sizes["max_len"]
 
@@ -169,9 +169,7 @@ def memory_child(family, task, preset, steps):
     quick preset at batch 1 (it loads the compiled kernels, the same code at any size); prints the resident MiB
     before the preset's steps, the peak after them, and the estimate of a step's peak (models.step_memory_bytes) in MiB."""
     def run(preset, steps, extra=()):
-        args = flags.parse_args(["--task", task, "--model", family, "--preset", preset, *extra])
-        sizes = tasks.sizes(task, args.settings)
-        cfg = flags.model_config(args, sizes, family)
+        args, cfg, T = built(family, preset, extra, task)
         params = models.init_params(family, cfg, args.seed)
         state = optim.adamw_init(params)
         model = lambda p, tok, tgt, m: models.loss_and_grads(family, p, tok, tgt, m, cfg)
@@ -181,7 +179,7 @@ def memory_child(family, task, preset, steps):
                 batch = tasks.sample(task, np.random.default_rng((args.seed, i)), args.batch, args.settings)
                 training.train_step(model, params, state, batch["tokens"], batch["targets"], batch["mask"], args.lr,
                                     args.weight_decay, decay=decay)
-        return models.step_memory_bytes(family, cfg, args.batch, sizes["max_len"]) / MIB
+        return models.step_memory_bytes(family, cfg, args.batch, T) / MIB
     run("quick", 1, ["--batch", "1"])
     before = current_mib()
     estimate = run(preset, steps)
