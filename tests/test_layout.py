@@ -192,9 +192,10 @@ def test_the_root_is_the_card_and_the_reading_path():
 
 def test_each_wing_is_a_plain_folder_with_its_readme():
     """A wing: a folder named by its subject, its README, no __init__ (a plain namespace), a name that shadows
-    no standard-library module and no root module, and is not the runs/ folder that runs write."""
+    no standard-library module and no root module, and is not the runs/ folder that runs write (results/ keeps
+    what the long runs wrote, beside the documents that read it)."""
     folders = {d for d in os.listdir(ROOT) if os.path.isdir(os.path.join(ROOT, d)) and not d.startswith((".", "_"))}
-    assert set(WINGS) <= folders and folders - set(WINGS) <= {"tests", "docs", "figures", "runs"}, folders
+    assert set(WINGS) <= folders and folders - set(WINGS) <= {"tests", "docs", "figures", "runs", "results"}, folders
     for wing in WINGS:
         assert os.path.exists(os.path.join(ROOT, wing, "README.md")), wing
         assert not os.path.exists(os.path.join(ROOT, wing, "__init__.py")), f"{wing}/__init__.py: a plain folder"
