@@ -194,13 +194,18 @@ def _fast_tanh_compiled(x):
 
 # ----------------------------------------------------------------------------
 # how many threads a kernel gets. At OpenMP's default the worker spins a while after a parallel loop before
-# it sleeps, so starting the next loop costs about 3 us and every kernel takes all threads. Where the user
-# sets OMP_WAIT_POLICY=passive the worker sleeps at once, and waking it costs more than a small kernel's
-# work (`python -m bench.transformer` prints both), so a kernel estimated under PARALLEL_MIN_US on one
-# thread runs on the calling thread: with t the one-thread time and s the two-thread speed-up (about 1.5),
-# one thread wins when t + 12 us < t / s + 76 us, i.e. t < 64 us / (1 - 1/s) ~ 200 us.
+# it sleeps, so starting the next loop costs about 3 us: with t the one-thread time and s the two-thread
+# speed-up (about 1.5), two threads win once t > 3 us / (1 - 1/s) ~ 9 us. Below 20 us (about twice that) a
+# kernel runs on the calling thread: on an idle machine that costs a few microseconds at most, and where
+# the other core is busy (another run, a build), a parallel loop waits for a worker that is not running:
+# the gradient checks of test_bayesattn.py, whose kernels take microseconds, ran 148 s with every kernel
+# parallel beside two training runs and 54 s with this limit (27 s either way with the machine idle). At the
+# default and paper presets every kernel is estimated above it but the loss of transport (11 us) and of the
+# bijection's paper preset (19.5 us), where one thread loses under a microsecond. Where the user sets OMP_WAIT_POLICY=passive the worker
+# sleeps at once and waking it costs more (`python -m bench.transformer` prints both): one thread wins when
+# t + 12 us < t / s + 76 us, i.e. t < 64 us / (1 - 1/s) ~ 200 us.
 
-PARALLEL_MIN_US = 200.0 if os.environ.get("OMP_WAIT_POLICY", "").lower() == "passive" else 0.0
+PARALLEL_MIN_US = 200.0 if os.environ.get("OMP_WAIT_POLICY", "").lower() == "passive" else 20.0
 
 
 def run_kernel(kernel, items, ns_per_item, *args):
