@@ -358,6 +358,7 @@ def test_train_main_leaves_the_switch_and_threads_as_it_found_them(tmp_path):
     assert layers.FAST == before
 
 
+@pytest.mark.ci_only                     # two train.py runs, one on the NumPy path
 def test_train_py_on_the_numpy_path_gives_the_numbers_of_the_fast_path(tmp_path):
     metrics = {}
     for path in ("numpy", "numba"):

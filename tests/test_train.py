@@ -191,6 +191,7 @@ def test_resume_with_another_width_names_the_flag(finished, tmp_path):
                            tmp_path), ("--width 32", "--width 16"))
 
 
+@pytest.mark.ci_only                     # end to end, two or three train.py runs: seconds each
 def test_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     assert run([*QUICK, "--steps", "5", "--out", str(a)], tmp_path).returncode == 0
@@ -209,6 +210,7 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path):
     assert json.loads((a / "metrics.json").read_text())["kl_bits"] == json.loads((b / "metrics.json").read_text())["kl_bits"]
 
 
+@pytest.mark.ci_only                     # end to end, two or three train.py runs: seconds each
 def test_resume_and_eval_only_read_the_family_from_the_checkpoint(tmp_path):
     """An MLP run: its checkpoint.npz names mlp in its meta, is read back as an MLP Config, resumes as
     --model mlp (and is refused, in one line, as the default transformer), and --eval-only scores it as mlp."""
@@ -227,6 +229,7 @@ def test_resume_and_eval_only_read_the_family_from_the_checkpoint(tmp_path):
     assert proc.returncode == 0 and proc.stdout.splitlines()[2].startswith("mlp "), proc.stdout + proc.stderr
 
 
+@pytest.mark.ci_only                     # end to end, two or three train.py runs: seconds each
 def test_same_seed_same_metrics_and_the_versions_recorded(tmp_path):
     import scipy
     metrics = []
@@ -267,6 +270,7 @@ def test_lr_floor_sets_the_end_of_the_cosine(floor, tmp_path):
     assert json.loads((out / "metrics.json").read_text())["steps"] == 5
 
 
+@pytest.mark.ci_only                     # end to end, two or three train.py runs: seconds each
 def test_weight_decay_and_threads_are_applied_and_recorded(tmp_path):
     """The same run with and without weight decay differs; the checkpoint records both settings, and a
     resume on another thread count is refused (the resume runs with two Numba threads available, so this
@@ -389,7 +393,7 @@ def test_compile_time_is_not_training_time(tmp_path, monkeypatch, capsys):
     assert seconds > 0 and state["t"] == 0 and all(np.array_equal(before[k], params[k]) for k in params)
 
 
-@pytest.mark.parametrize("task", ["bijection", "hmm"])
+@pytest.mark.parametrize("task", ["bijection", pytest.param("hmm", marks=pytest.mark.ci_only)])
 def test_soft_targets_are_used_and_reported(task, tmp_path):
     out = tmp_path / "s"
     proc = run([*QUICK, "--task", task, "--soft", "--steps", "3", "--out", str(out)], tmp_path)
@@ -465,6 +469,7 @@ def test_eval_only_reads_mlp_checkpoints_and_snapshots(tmp_path):
     assert f"{written['kl_bits']:.4g}" in lines[3].split(), (written["kl_bits"], lines[3])
 
 
+@pytest.mark.ci_only                     # end to end, two or three train.py runs: seconds each
 def test_a_resumed_baseline_reports_its_own_training_time(tmp_path):
     """The transformer finishes (4 steps), the prefix-mlp baseline stops at 4 of its 5; their checkpoints are
     then given very different training times, and the resumed run reports the baseline's own, summed over
@@ -507,7 +512,8 @@ def test_evaluate_scores_the_exact_posterior_zero_and_a_mixture_as_computed():
     assert m["kl_bits"] > 0 and m["per_position"][0]["impossible_mass"] == 0.0
 
 
-@pytest.mark.parametrize("task, gap", [("bijection", 1.107), ("sawtooth", 1.849), ("hmm", 0.420)])
+@pytest.mark.parametrize("task, gap", [("bijection", 1.107), pytest.param("sawtooth", 1.849, marks=pytest.mark.ci_only),
+                                       pytest.param("hmm", 0.420, marks=pytest.mark.ci_only)])
 def test_authors_mlp_learns_exactly_the_prior(task, gap):
     """The authors' MLP sees one token and its position, so trained it reaches the prior's gap
     (tasks.prior_gap_bits: 1.107, 1.849, about 0.42 bits), not less. It starts from loud output
@@ -573,6 +579,7 @@ def test_sawtooth_presets_reach_the_model(tmp_path):
     assert max(len(set(k)) for k in held_out["tokens"][:, 0:38:2]) > 5
 
 
+@pytest.mark.ci_only                     # end to end, two or three train.py runs: seconds each
 def test_a_finished_run_is_never_overwritten_silently(tmp_path):
     out = tmp_path / "r"
     assert run([*QUICK, "--steps", "4", "--out", str(out)], tmp_path).returncode == 0
