@@ -200,8 +200,8 @@ def _fast_tanh_compiled(x):
 # the other core is busy (another run, a build), a parallel loop waits for a worker that is not running:
 # the gradient checks of test_bayesattn.py, whose kernels take microseconds, ran 148 s with every kernel
 # parallel beside two training runs and 54 s with this limit (27 s either way with the machine idle). At the
-# default and paper presets every kernel is estimated above it but the loss of transport (11 us) and of the
-# bijection's paper preset (19.5 us), where one thread loses under a microsecond. Where the user sets OMP_WAIT_POLICY=passive the worker
+# default and paper presets every kernel is estimated above it but transport's loss (11 us) and the bijection
+# paper preset's LayerNorms (19.5 us; that preset trains on one thread): `python -m bench.scaling --table kernels`. Where the user sets OMP_WAIT_POLICY=passive the worker
 # sleeps at once and waking it costs more (`python -m bench.transformer` prints both): one thread wins when
 # t + 12 us < t / s + 76 us, i.e. t < 64 us / (1 - 1/s) ~ 200 us.
 

@@ -503,7 +503,7 @@ def test_run_kernel_picks_threads_by_estimated_time(monkeypatch):
         assert numba.get_num_threads() == 2
 
 
-def test_small_kernels_keep_one_thread_only_where_the_workers_sleep():
+def test_the_small_kernels_limit_follows_openmps_wait_policy():
     """PARALLEL_MIN_US follows OpenMP's wait policy as the process starts: 200 us where OMP_WAIT_POLICY is
     passive (waking the worker costs more than a small kernel's work), 20 us at the default (it spins: about twice
     the time a parallel loop's start repays, so that a kernel of microseconds does not wait for a busy core)."""

@@ -9,6 +9,7 @@ the models' own arrays and copies between ops).
 """
 import collections
 import contextlib
+import sys
 import time
 
 import numba
@@ -53,6 +54,26 @@ def every_op(wrap):
         for name, f in products.items():
             setattr(kernels, name, f)
         optim.clip_grad_norm, optim.adamw_step = opt
+
+
+@contextlib.contextmanager
+def kernel_estimates():
+    """Inside: every call of kernels.run_kernel (in each module that holds it by that name) recorded, as (the
+    kernel's name, its estimated one-thread time in microseconds: items x ns_per_item / 1000, the number
+    run_kernel compares with kernels.PARALLEL_MIN_US), in the list it yields; switched back however it ends."""
+    found, run_kernel = [], kernels.run_kernel
+
+    def record(kernel, items, ns_per_item, *args):
+        found.append((kernel.__name__, items * ns_per_item / 1e3))
+        return run_kernel(kernel, items, ns_per_item, *args)
+    holders = [m for m in list(sys.modules.values()) if getattr(m, "run_kernel", None) is run_kernel]
+    for m in holders:
+        m.run_kernel = record
+    try:
+        yield found
+    finally:
+        for m in holders:
+            m.run_kernel = run_kernel
 
 
 def exclusive_times(step, n=5):

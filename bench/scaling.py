@@ -4,7 +4,7 @@ larger run will cost before starting it.
 
     python -m bench.scaling                                  # every family, both tables
     python -m bench.scaling --families transformer,lstm --repeats 10
-    python -m bench.scaling --table time                     # only the step times (or: memory)
+    python -m bench.scaling --table time                     # only the step times (or: memory, kernels)
     python -m bench.scaling --quick                          # a smoke test: the quick preset, few repeats
 
 The step time: each family as `python train.py --model F` builds it (the bijection's default preset: its width,
@@ -25,6 +25,11 @@ steps (the difference: what its model, optimiser state and activations add), bes
 estimate of a step's peak (models.step_memory_bytes, the number it refuses a run by). A run's evaluation and
 probes come on top (train.py's memory check estimates them too). The first process of each family fills
 Numba's cache, so compiling is not counted as training.
+
+The kernels on one thread (--table kernels): at every task's default and paper preset, each family as train.py
+builds it, one training step with each call of kernels.run_kernel recorded (bench/roofline.kernel_estimates);
+the kernels whose estimated one-thread time is under kernels.PARALLEL_MIN_US run on the calling thread
+whatever --threads says (a preset that trains on one thread is marked so: there the limit changes nothing).
 """
 
 if not __package__:                 # run as a file, its folder-qualified imports cannot resolve
@@ -42,7 +47,7 @@ import sys  # noqa: E402
 import numba  # noqa: E402
 import numpy as np  # noqa: E402
 
-from bench import transformer as bench  # noqa: E402
+from bench import roofline, transformer as bench  # noqa: E402
 from harness import flags  # noqa: E402
 import kernels  # noqa: E402
 import models  # noqa: E402
@@ -215,6 +220,37 @@ def memory_table(families, quick):
                   f"{peak - before:14.1f} {estimate:9.1f}  ({bench.load()})")
 
 
+def small_kernels(family, task, preset):
+    """-> (the preset's --threads, {kernel: (estimated one-thread us, calls)}) of one training step of the family
+    at the task's preset: the kernels run_kernel runs on the calling thread (estimated under PARALLEL_MIN_US)."""
+    args, cfg, T = built(family, preset, (), task)
+    step = bench.ours_step(cfg, models.init_params(family, cfg, 0), random_batch(cfg, args.batch, T), family)
+    with roofline.kernel_estimates() as found, kernels.enabled():
+        step()
+    small = {}
+    for name, us in found:
+        if us < kernels.PARALLEL_MIN_US:
+            small[name] = (max(us, small.get(name, (0, 0))[0]), small.get(name, (0, 0))[1] + 1)
+    return args.threads, small
+
+
+def kernels_table(families, quick):
+    presets = ("quick",) if quick else ("default", "paper")
+    runs = [(task, preset) for preset in presets for task in tasks.TASKS if preset in tasks.task(task).PRESETS]
+    print(f"\nkernels a step runs on one thread (estimated under kernels.PARALLEL_MIN_US = {kernels.PARALLEL_MIN_US:g} us), "
+          f"{len(runs) * len(families)} presets and families")
+    for task, preset in runs:
+        for family in families:
+            try:
+                threads, small = small_kernels(family, task, preset)
+            except SystemExit:                          # a family the preset refuses (train.py's one line)
+                continue
+            if small:
+                what = ", ".join(f"{name} {us:.1f} us x{calls}" for name, (us, calls) in sorted(small.items()))
+                note = "  (this preset trains on one thread: no change)" if threads == 1 else ""
+                print(f"  {task + ' ' + preset:18s} {family:12s} {what}{note}")
+
+
 # ----------------------------------------------------------------------------
 # command line
 
@@ -224,17 +260,20 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true", help="the quick preset, few repeats: a smoke test")
     p.add_argument("--repeats", type=int, help="timed steps per size (default 10; --quick: 2)")
     p.add_argument("--families", help=f"comma-separated subset of {', '.join(models.FAMILIES)} (default: all)")
-    p.add_argument("--table", help="time | memory (default: both)")
+    p.add_argument("--table", help="time | memory | kernels (default: time and memory)")
     args = p.parse_args(argv)
     repeats = args.repeats if args.repeats is not None else 2 if args.quick else 10
     if repeats < 1:
         fail(f"--repeats {repeats}: must be a positive integer")
     families = bench.shape_list(args.families, models.FAMILIES, models.FAMILIES, fail, "--families")
-    if args.table not in (None, "time", "memory"):
-        fail(f"--table {args.table}: allowed are time, memory")
+    if args.table not in (None, "time", "memory", "kernels"):
+        fail(f"--table {args.table}: allowed are time, memory, kernels")
     preset = "quick" if args.quick else "default"
     print(f"python -m bench.scaling  {bench.load()}  numba {numba.__version__} ({numba.config.NUMBA_NUM_THREADS} threads)  "
           f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset: spins a while)')}")
+    if args.table == "kernels":
+        kernels_table(families, args.quick)
+        return
     if args.table != "memory":
         with kernels.enabled():                            # the fast path, as train.py runs
             time_table(families, preset, repeats, 1 if args.quick else 3)

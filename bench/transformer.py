@@ -456,8 +456,8 @@ print(*(1e3 * np.median(t) for t in times))
 # each trick a code can switch off around one step (a context manager `without`): timed alternately with the
 # step as trained, in one process
 SWITCHED = {
-    "run_kernel's other choice (small kernels on one thread at the default policy, on all under passive)":
-        ("kernels", "PARALLEL_MIN_US", "200.0 if kernels.PARALLEL_MIN_US == 0 else 0.0"),
+    "run_kernel's other choice (every kernel on all threads, the small ones too)":
+        ("kernels", "PARALLEL_MIN_US", "0.0"),
     "products not split by rows": ("kernels", "SPLIT_FLOPS", "float('inf')"),
     "a layer's two backward products in turn, each cut by rows (not side by side)":
         ("kernels", "matmul_pair", "lambda a, b, x, y: (kernels.matmul(a, b), kernels.matmul_tn(x, y))"),

@@ -375,3 +375,21 @@ def test_the_scaling_bench_quick_prints_every_family_axis_and_memory_row():
     for r in rows:
         before, peak, adds = map(float, r[4:7])
         assert 0 < before <= peak and adds == pytest.approx(peak - before, abs=0.11)
+
+
+def test_the_kernels_a_step_runs_on_one_thread_are_named_with_their_estimates(monkeypatch):
+    """Transport's default step (batch 32, 23 positions, 5 classes, two threads): its loss kernel is estimated at
+    32 x 23 x 5 x 3 ns = 11.04 us, under 20 us, once a step; its LayerNorms at 32 x 23 x 64 x 0.5 ns = 23.55 us are
+    not (each kernel's estimate is run_kernel's items x ns_per_item, in microseconds, not ns or ms). At a limit of
+    24 us the LayerNorms join it, nine calls of each (four blocks' two and the final one); and the recorder is
+    switched back."""
+    import kernels
+    from bench import scaling
+    monkeypatch.setattr(kernels, "PARALLEL_MIN_US", 20.0)
+    threads, small = scaling.small_kernels("transformer", "transport", "default")
+    assert threads == 2 and small == {"cross_entropy_hard_kernel": (pytest.approx(11.04), 1)}
+    monkeypatch.setattr(kernels, "PARALLEL_MIN_US", 24.0)
+    _, small = scaling.small_kernels("transformer", "transport", "default")
+    assert small["layernorm_forward_kernel"] == (pytest.approx(23.552), 9)
+    assert small["layernorm_backward_kernel"] == (pytest.approx(23.552), 9)
+    assert kernels.run_kernel.__name__ == "run_kernel"

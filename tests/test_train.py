@@ -191,7 +191,6 @@ def test_resume_with_another_width_names_the_flag(finished, tmp_path):
                            tmp_path), ("--width 32", "--width 16"))
 
 
-@pytest.mark.ci_only                     # end to end, two or three train.py runs: seconds each
 def test_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     assert run([*QUICK, "--steps", "5", "--out", str(a)], tmp_path).returncode == 0
